@@ -1,0 +1,80 @@
+"""Writing a converted model folder that loads with `from_pretrained`, locally or from the Hub as remote code."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import GenerationConfig
+from transformers.dynamic_module_utils import custom_object_save
+
+from .errors import HfExtError
+
+
+def log(message):
+    """Progress of long work, on stderr so that stdout stays machine-readable."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def empty_model(model_class, config):
+    """The model's structure without allocating or initialising weights (used to check keys and shapes)."""
+    with torch.device("meta"):
+        return model_class(config)
+
+
+def expected_tensors(model):
+    """`{name: shape}` of what a checkpoint of `model` holds (tied copies excluded)."""
+    tied = set(getattr(model, "all_tied_weights_keys", {}) or {}) if model.config.tie_word_embeddings else set()
+    return {name: tuple(t.shape) for name, t in model.state_dict().items() if name not in tied}
+
+
+def check_state_dict(model, state_dict, source):
+    """One clear error for missing keys, unexpected keys or shapes that disagree with the config."""
+    expected = expected_tensors(model)
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    if missing:
+        raise HfExtError(f"{source}: missing {len(missing)} weight(s): {_some(missing)}")
+    if unexpected:
+        raise HfExtError(f"{source}: unexpected {len(unexpected)} weight(s): {_some(unexpected)}")
+    for name, shape in expected.items():
+        if tuple(state_dict[name].shape) != shape:
+            raise HfExtError(f"{source}: {name} has shape {tuple(state_dict[name].shape)}, the config expects {shape}")
+
+
+def _some(names, limit=4):
+    return ", ".join(names[:limit]) + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
+
+
+def write_model_folder(folder, model_class, config, state_dict, auto_map, processor=None, source="checkpoint"):
+    """Write config.json (with `auto_map`), the model code, generation_config.json, model.safetensors and the
+    processor into `folder`. `state_dict` is checked against the model built from `config` first."""
+    folder = Path(folder)
+    model = empty_model(model_class, config)
+    if config.tie_word_embeddings:  # tied copies are re-tied on load, not stored
+        state_dict = {k: v for k, v in state_dict.items() if k not in model.all_tied_weights_keys}
+    check_state_dict(model, state_dict, source)
+    # copies the defining files (and their sibling imports) so that trust_remote_code loading works
+    custom_object_save(model, folder, config=config)
+    config.auto_map = dict(auto_map)
+    config.architectures = [model_class.__name__]
+    config.save_pretrained(folder)
+    if model.can_generate():
+        generation_config = GenerationConfig.from_model_config(config)
+        generation_config.save_pretrained(folder)
+    tensors = {name: state_dict[name].contiguous() for name in expected_tensors(model)}
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    if processor is not None:
+        processor.save_pretrained(folder)
+    return model
+
+
+def read_json(path, what):
+    path = Path(path)
+    if not path.exists():
+        raise HfExtError(f"{what} {path} does not exist")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise HfExtError(f"{what} {path} is not valid JSON ({error})") from None

@@ -1,0 +1,365 @@
+"""Optimus (Li et al., EMNLP 2020): a BERT encoder, a Gaussian latent z and a GPT-2 decoder that reads z.
+
+z reaches the decoder in two ways, each switchable in the config, exactly as in the original code:
+- memory: `latent_to_memory(z)` is cut into one `n_embd` chunk per layer, split into heads and prepended to that
+  layer's keys *and* values (no `c_attn`, no bias). It lives in slot 0 of a pre-filled KV cache, so token positions
+  start at 1 and the decoder's causal mask lets every token see it;
+- embedding: `latent_to_embedding(z)` is added to every token embedding.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import BertModel, GPT2Model, PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.generation import GenerationMixin
+from transformers.modeling_outputs import SequenceClassifierOutput
+from transformers.utils import ModelOutput
+
+from .configuration_optimus import OptimusConfig
+
+
+@dataclass
+class OptimusOutput(ModelOutput):
+    r"""
+    loss (`torch.FloatTensor` of shape `()`): the training objective, batch mean of
+        `loss_rec / sent_length + beta * loss_kl` (or `loss_rec + beta * loss_kl` without length weighting).
+    loss_rec (`torch.FloatTensor` of shape `(batch_size,)`): summed token cross-entropy of each example (pads ignored,
+        BOS never predicted), as the original computes it.
+    loss_kl (`torch.FloatTensor` of shape `(batch_size,)`): KL term of each example under the config's `fb_mode`.
+    logits (`torch.FloatTensor` of shape `(batch_size, sequence_length, vocab_size)`): decoder LM logits.
+    latent_z (`torch.FloatTensor` of shape `(batch_size, latent_size)`): the latent the decoder read.
+    mean, logvar (`torch.FloatTensor` of shape `(batch_size, latent_size)`): the Gaussian posterior.
+    past_key_values (`Cache`): decoder cache whose slot 0 holds the latent memory.
+    """
+
+    loss: torch.FloatTensor | None = None
+    loss_rec: torch.FloatTensor | None = None
+    loss_kl: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    latent_z: torch.FloatTensor | None = None
+    mean: torch.FloatTensor | None = None
+    logvar: torch.FloatTensor | None = None
+    past_key_values: Cache | None = None
+    encoder_last_hidden_state: torch.FloatTensor | None = None
+    encoder_pooler_output: torch.FloatTensor | None = None
+    encoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    decoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
+
+
+def kl_per_dimension(mean, logvar):
+    """KL(N(mean, exp(logvar)) || N(0, I)) of each latent dimension."""
+    return 0.5 * (mean.pow(2) + logvar.exp() - logvar - 1)
+
+
+def kl_divergence(mean, logvar, fb_mode=0, dim_target_kl=0.0):
+    """Per-example KL under the original's free-bits modes (see `OptimusConfig.fb_mode`)."""
+    if fb_mode == 2:
+        return kl_per_dimension(mean, torch.zeros_like(logvar)).sum(-1)
+    kl = kl_per_dimension(mean, logvar)
+    if fb_mode == 1:
+        kl = kl * (kl > dim_target_kl).to(kl.dtype)
+    return kl.sum(-1)
+
+
+def reconstruction_loss(logits, labels, pad_token_id):
+    """Summed next-token cross-entropy of each sequence; `labels` are also the decoder input (BOS is never a target)."""
+    shift_logits = logits[:, :-1].float()
+    shift_labels = labels[:, 1:]
+    token_loss = F.cross_entropy(
+        shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1), ignore_index=pad_token_id,
+        reduction="none",
+    )
+    return token_loss.view(shift_labels.shape).sum(-1)
+
+
+class OptimusPreTrainedModel(PreTrainedModel):
+    config_class = OptimusConfig
+    base_model_prefix = "optimus"
+    main_input_name = "input_ids"
+    # The decoder's memory lives in the KV cache, which gradient checkpointing drops in training.
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["BertLayer", "GPT2Block"]
+    _supports_sdpa = True
+    _supports_attention_backend = True
+    # Trainer: the loss is a batch mean, not normalised across gradient-accumulation steps.
+    accepts_loss_kwargs = False
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=self.config.decoder.initializer_range)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+
+    def _encoder_attention_mask(self, input_ids, attention_mask):
+        if attention_mask is not None:
+            return attention_mask
+        # The original builds the mask as (input_ids > 0): BERT's pad id.
+        return (input_ids != self.config.encoder.pad_token_id).long()
+
+    def _encode(self, input_ids, attention_mask=None, token_type_ids=None, **kwargs):
+        return self.encoder(
+            input_ids=input_ids,
+            attention_mask=self._encoder_attention_mask(input_ids, attention_mask),
+            token_type_ids=token_type_ids,
+            **kwargs,
+        )
+
+
+class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
+    """The Optimus VAE: encoder, posterior, decoder with latent injection, LM head tied to the decoder embeddings.
+
+    `forward` takes the encoder side as `input_ids`/`attention_mask` and the decoder side as `labels` (BOS ... EOS,
+    right-padded with the decoder pad id, used both as decoder input and as targets, as the original does) or as
+    `decoder_input_ids`. `generate(latent_z=z, ...)` decodes from BOS with a KV cache.
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "decoder.wte.weight"}
+
+    def __init__(self, config: OptimusConfig):
+        super().__init__(config)
+        enc, dec = config.encoder, config.decoder
+        self.encoder = BertModel(enc, add_pooling_layer=True)
+        self.to_latent = nn.Linear(enc.hidden_size, 2 * config.latent_size, bias=False)
+        self.decoder = GPT2Model(dec)
+        # Both projections always exist (the original saves both); the config switches decide which are used.
+        self.latent_to_memory = nn.Linear(config.latent_size, dec.n_layer * dec.n_embd, bias=False)
+        self.latent_to_embedding = nn.Linear(config.latent_size, dec.n_embd, bias=False)
+        self.lm_head = nn.Linear(dec.n_embd, dec.vocab_size, bias=False)
+        self.beta = config.beta  # current KL weight; schedules update it during training
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.decoder.wte
+
+    def set_input_embeddings(self, value):
+        self.decoder.wte = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def get_encoder(self):
+        return self.encoder
+
+    def get_decoder(self):
+        return self.decoder
+
+    # ----- latent space -------------------------------------------------------------------------------------------
+
+    def encode(self, input_ids, attention_mask=None, token_type_ids=None, **kwargs):
+        """Posterior of each input: `(mean, logvar, encoder_outputs)`."""
+        encoder_outputs = self._encode(input_ids, attention_mask, token_type_ids, **kwargs)
+        mean, logvar = self.to_latent(encoder_outputs.pooler_output).chunk(2, -1)
+        return mean, logvar, encoder_outputs
+
+    @staticmethod
+    def reparameterize(mean, logvar, generator=None):
+        """z = mean + eps * exp(logvar / 2), eps ~ N(0, I)."""
+        eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        return mean + eps * torch.exp(0.5 * logvar)
+
+    def sample_prior(self, num_samples, generator=None):
+        """`num_samples` latents from the N(0, I) prior."""
+        return torch.randn(num_samples, self.config.latent_size, generator=generator, device=self.device,
+                           dtype=self.dtype)
+
+    @staticmethod
+    def interpolate(z_start, z_end, num_steps):
+        """Latents on the line from `z_start` to `z_end`: `(1 - t) z_start + t z_end` for t = 0 ... 1 (`num_steps`)."""
+        if num_steps < 2:
+            raise ValueError(f"num_steps must be at least 2, got {num_steps}")
+        t = torch.linspace(0, 1, num_steps, device=z_start.device, dtype=z_start.dtype).unsqueeze(-1)
+        return (1 - t) * z_start.reshape(1, -1) + t * z_end.reshape(1, -1)
+
+    @staticmethod
+    def analogy(z_a, z_b, z_c, degree=1.0):
+        """a : b :: c : ? in latent space, as the original: `z_c + (z_b - z_a) * degree`."""
+        return z_c + (z_b - z_a) * degree
+
+    def memory_cache(self, latent_z, cache=None):
+        """Put the latent memory into slot 0 of every decoder layer of `cache` (a new `DynamicCache` by default)."""
+        dec = self.config.decoder
+        head_dim = dec.n_embd // dec.n_head
+        memory = self.latent_to_memory(latent_z).view(latent_z.size(0), dec.n_layer, dec.n_head, 1, head_dim)
+        cache = cache if cache is not None else DynamicCache(config=dec)
+        for layer in range(dec.n_layer):
+            # the same tensor is the key and the value, as in the original
+            cache.update(memory[:, layer], memory[:, layer], layer)
+        return cache
+
+    # ----- forward --------------------------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        decoder_input_ids=None,
+        decoder_attention_mask=None,
+        decoder_position_ids=None,
+        labels=None,
+        latent_z=None,
+        past_key_values=None,
+        use_cache=None,
+        output_hidden_states=None,
+        **kwargs,
+    ) -> OptimusOutput:
+        r"""
+        input_ids, attention_mask, token_type_ids: the encoder side (BERT ids). Without a mask, ids equal to the
+            encoder pad id are masked, as the original's `(input_ids > 0)`.
+        decoder_input_ids: decoder tokens; defaults to `labels`, as in the original.
+        decoder_attention_mask: optional decoder padding mask over the tokens (the memory slot is added here).
+        labels: decoder targets (BOS ... EOS, right-padded with the decoder pad id).
+        latent_z: use this latent instead of encoding `input_ids` (training samples the posterior, eval uses its mean).
+        """
+        config = self.config
+        mean = logvar = encoder_outputs = None
+        if input_ids is not None:
+            mean, logvar, encoder_outputs = self.encode(
+                input_ids, attention_mask, token_type_ids, output_hidden_states=output_hidden_states
+            )
+            if config.fb_mode == 2:  # deterministic connection: the posterior variance is fixed to 1
+                logvar = torch.zeros_like(logvar)
+            if latent_z is None:
+                latent_z = self.reparameterize(mean, logvar) if self.training else mean
+
+        if decoder_input_ids is None:
+            decoder_input_ids = labels
+        logits = None
+        decoder_outputs = None
+        if decoder_input_ids is not None:
+            decoder_outputs = self._decode(
+                decoder_input_ids, latent_z, decoder_attention_mask, decoder_position_ids, past_key_values,
+                use_cache, output_hidden_states, **kwargs,
+            )
+            logits = self.lm_head(decoder_outputs.last_hidden_state)
+
+        loss = loss_rec = loss_kl = None
+        if mean is not None:
+            # the original switches to plain KL while the schedule holds beta at 0
+            fb_mode = 0 if (config.fb_mode == 1 and self.beta == 0) else config.fb_mode
+            loss_kl = kl_divergence(mean, logvar, fb_mode, config.dim_target_kl)
+        if labels is not None:
+            loss_rec = reconstruction_loss(logits, labels, config.decoder.pad_token_id)
+            per_example = loss_rec
+            if config.length_weighted_loss:
+                per_example = loss_rec / (labels != config.decoder.pad_token_id).sum(-1).to(loss_rec.dtype)
+            if loss_kl is not None:
+                per_example = per_example + self.beta * loss_kl
+            loss = per_example.mean()
+
+        return OptimusOutput(
+            loss=loss,
+            loss_rec=loss_rec,
+            loss_kl=loss_kl,
+            logits=logits,
+            latent_z=latent_z,
+            mean=mean,
+            logvar=logvar,
+            past_key_values=decoder_outputs.past_key_values if decoder_outputs is not None else None,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state if encoder_outputs is not None else None,
+            encoder_pooler_output=encoder_outputs.pooler_output if encoder_outputs is not None else None,
+            encoder_hidden_states=encoder_outputs.hidden_states if encoder_outputs is not None else None,
+            decoder_hidden_states=decoder_outputs.hidden_states if decoder_outputs is not None else None,
+        )
+
+    def _decode(self, input_ids, latent_z, attention_mask, position_ids, past_key_values, use_cache,
+                output_hidden_states, **kwargs):
+        config = self.config
+        batch_size = input_ids.size(0)
+        inputs_embeds = self.decoder.wte(input_ids)
+        with_memory = latent_z is not None and config.latent_as_gpt_memory
+        if latent_z is not None:
+            if latent_z.size(0) != batch_size:
+                raise ValueError(f"latent_z has {latent_z.size(0)} rows but the decoder input has {batch_size}")
+            if config.latent_as_gpt_emb:
+                inputs_embeds = inputs_embeds + self.latent_to_embedding(latent_z).unsqueeze(1)
+            if with_memory and (past_key_values is None or past_key_values.get_seq_length() == 0):
+                past_key_values = self.memory_cache(latent_z, past_key_values)
+        if attention_mask is not None:
+            if with_memory:
+                attention_mask = torch.cat([attention_mask.new_ones(batch_size, 1), attention_mask], dim=1)
+            if position_ids is None:
+                # count real tokens only, so left padding does not shift positions; the memory slot takes position 0
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -input_ids.size(1):]
+        return self.decoder(
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, past_key_values=None,
+                                      attention_mask=None, **kwargs):
+        # generate() grows the decoder sequence under the name `input_ids`; the encoder side is not used here.
+        kwargs.pop("position_ids", None)  # positions come from the mask and the memory slot in `_decode`
+        model_inputs = super().prepare_inputs_for_generation(
+            input_ids, next_sequence_length=next_sequence_length, past_key_values=past_key_values,
+            attention_mask=attention_mask, **kwargs,
+        )
+        model_inputs.pop("position_ids", None)
+        model_inputs["decoder_input_ids"] = model_inputs.pop("input_ids")
+        if "attention_mask" in model_inputs:
+            model_inputs["decoder_attention_mask"] = model_inputs.pop("attention_mask")
+        return model_inputs
+
+    def _validate_model_kwargs(self, model_kwargs):
+        if model_kwargs.get("latent_z") is None:
+            raise ValueError("Optimus generate() needs latent_z (for text, encode it first: model.encode(...))")
+        super()._validate_model_kwargs(model_kwargs)
+
+
+class OptimusForSequenceClassification(OptimusPreTrainedModel):
+    """Classifier on the Optimus encoder's features, as the original's GLUE fine-tuning (`run_glue_vae.py`).
+
+    The feature is the encoder's pooled output by default (`config.classifier_feature`), or the posterior mean.
+    With `config.freeze_encoder` only the classifier learns. The weights load from an `OptimusModel` checkpoint.
+    """
+
+    def __init__(self, config: OptimusConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.encoder = BertModel(config.encoder, add_pooling_layer=True)
+        self.to_latent = nn.Linear(config.encoder.hidden_size, 2 * config.latent_size, bias=False)
+        dropout = config.classifier_dropout
+        self.dropout = nn.Dropout(config.encoder.hidden_dropout_prob if dropout is None else dropout)
+        feature_size = config.encoder.hidden_size if config.classifier_feature == "pooled" else config.latent_size
+        self.classifier = nn.Linear(feature_size, config.num_labels)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.encoder.embeddings.word_embeddings
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
+                output_hidden_states=None, **kwargs) -> SequenceClassifierOutput:
+        kwargs.pop("num_items_in_batch", None)
+        encoder_outputs = self._encode(input_ids, attention_mask, token_type_ids,
+                                       output_hidden_states=output_hidden_states)
+        feature = encoder_outputs.pooler_output
+        if self.config.classifier_feature == "latent_mean":
+            feature = self.to_latent(feature).chunk(2, -1)[0]
+        if self.config.freeze_encoder:
+            feature = feature.detach()
+        logits = self.classifier(self.dropout(feature))
+
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits.view(-1), labels.view(-1).to(logits.dtype))
+            else:
+                loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=encoder_outputs.hidden_states)
+
+
+__all__ = ["OptimusOutput", "OptimusPreTrainedModel", "OptimusModel", "OptimusForSequenceClassification",
+           "kl_divergence", "kl_per_dimension", "reconstruction_loss"]

@@ -1,0 +1,77 @@
+"""Processor pairing Optimus' two tokenizers: BERT WordPiece for the encoder, GPT-2 BPE for the decoder."""
+
+import torch
+from transformers import BatchEncoding, ProcessorMixin
+
+DECODER_SPECIAL_TOKENS = {"pad_token": "<PAD>", "bos_token": "<BOS>", "eos_token": "<EOS>"}
+
+
+class OptimusProcessor(ProcessorMixin):
+    r"""
+    Builds both sides of an Optimus batch from raw text and decodes generated ids.
+
+    Args:
+        tokenizer: the encoder's BERT tokenizer (saved at the folder root, so `AutoTokenizer` finds it).
+        decoder_tokenizer: the decoder's GPT-2 tokenizer with `<PAD>`, `<BOS>`, `<EOS>` added in that order
+            (saved in `decoder_tokenizer/`).
+    """
+
+    def __init__(self, tokenizer=None, decoder_tokenizer=None, **kwargs):
+        missing = [name for name, tok in (("<PAD>", "pad_token"), ("<BOS>", "bos_token"), ("<EOS>", "eos_token"))
+                   if decoder_tokenizer is not None and getattr(decoder_tokenizer, tok) is None]
+        if missing:
+            raise ValueError(f"the decoder tokenizer lacks {', '.join(missing)}: use add_decoder_special_tokens()")
+        super().__init__(tokenizer, decoder_tokenizer, **kwargs)
+
+    @staticmethod
+    def add_decoder_special_tokens(decoder_tokenizer):
+        """Add `<PAD>`, `<BOS>`, `<EOS>` as the original does (ids V, V+1, V+2); returns how many were new."""
+        return decoder_tokenizer.add_special_tokens(dict(DECODER_SPECIAL_TOKENS))
+
+    def __call__(self, text=None, decoder_text=None, max_length=None, return_tensors="pt", **kwargs):
+        """Encoder inputs (`input_ids`, `attention_mask`) for `text` and decoder `labels` for `decoder_text`
+        (default: `text` itself, the auto-encoding setting): `<BOS> ... <EOS>`, right-padded with `<PAD>`."""
+        if text is None and decoder_text is None:
+            raise ValueError("give text (encoder side), decoder_text (decoder side) or both")
+        batch = {}
+        if text is not None:
+            encoded = self.tokenizer(text, padding=True, truncation=max_length is not None, max_length=max_length,
+                                     return_tensors=return_tensors, return_token_type_ids=False)
+            batch.update(encoded)
+            decoder_text = text if decoder_text is None else decoder_text
+        batch["labels"] = self.decoder_labels(decoder_text, max_length=max_length, return_tensors=return_tensors)
+        return BatchEncoding(batch)
+
+    def decoder_labels(self, text, max_length=None, return_tensors="pt"):
+        """`<BOS> tokens <EOS>` per text, right-padded with `<PAD>` (truncated to `max_length` with EOS kept)."""
+        texts = [text] if isinstance(text, str) else list(text)
+        tok = self.decoder_tokenizer
+        rows = []
+        for ids in tok(texts, add_special_tokens=False)["input_ids"]:
+            if max_length is not None:
+                ids = ids[: max(max_length - 2, 0)]
+            rows.append([tok.bos_token_id, *ids, tok.eos_token_id])
+        width = max(len(row) for row in rows)
+        padded = [row + [tok.pad_token_id] * (width - len(row)) for row in rows]
+        return torch.tensor(padded, dtype=torch.long) if return_tensors == "pt" else padded
+
+    def batch_decode(self, sequences, **kwargs):
+        """Decoder ids -> text, cut at the first `<EOS>`, special tokens removed."""
+        tok = self.decoder_tokenizer
+        texts = []
+        for row in sequences:
+            row = row.tolist() if hasattr(row, "tolist") else list(row)
+            if tok.eos_token_id in row:
+                row = row[: row.index(tok.eos_token_id)]
+            texts.append(tok.decode(row, skip_special_tokens=True, **kwargs).strip())
+        return texts
+
+    def decode(self, sequence, **kwargs):
+        return self.batch_decode([sequence], **kwargs)[0]
+
+    @property
+    def model_input_names(self):
+        return ["input_ids", "attention_mask", "labels"]
+
+
+__all__ = ["OptimusProcessor"]
