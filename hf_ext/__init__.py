@@ -7,6 +7,7 @@ from .models import optimus
 from .models.optimus import (
     OptimusConfig,
     OptimusForSequenceClassification,
+    OptimusLatentSpace,
     OptimusModel,
     OptimusProcessor,
 )
@@ -15,4 +16,4 @@ optimus.register()
 
 __version__ = "0.1.0"
 
-__all__ = ["OptimusConfig", "OptimusForSequenceClassification", "OptimusModel", "OptimusProcessor", "__version__"]
+__all__ = ["OptimusConfig", "OptimusForSequenceClassification", "OptimusLatentSpace", "OptimusModel", "OptimusProcessor", "__version__"]

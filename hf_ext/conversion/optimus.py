@@ -321,3 +321,146 @@ def convert(original, staging, processor=None, latent_as_gpt_memory=None, latent
     log(f"writing {len(state)} tensors to {staging}")
     write_model_folder(staging, OptimusModel, config, state, AUTO_MAP, processor=processor, source=source)
     return config
+
+
+def to_original_state_dicts(state, tie_word_embeddings=True):
+    """`OptimusModel` keys -> the original's (encoder, decoder) state dicts; the inverse of `convert_state_dict`."""
+    encoder, decoder = {}, {}
+    for key, tensor in state.items():
+        if key == "to_latent.weight":
+            encoder["linear.weight"] = tensor
+        elif key.startswith("encoder."):
+            encoder[key[len("encoder."):]] = tensor
+        elif key == "latent_to_memory.weight":
+            decoder["transformer.linear.weight"] = tensor
+        elif key == "latent_to_embedding.weight":
+            decoder["transformer.linear_emb.weight"] = tensor
+        elif key.startswith("decoder."):
+            decoder["transformer." + key[len("decoder."):]] = tensor
+        else:
+            decoder[key] = tensor
+    if tie_word_embeddings or "lm_head.weight" not in decoder:
+        decoder["lm_head.weight"] = decoder["transformer.wte.weight"]
+    return encoder, decoder
+
+
+def reference_errors(model, reference):
+    """Max abs error of the converted model against tensors the original computed (the fixtures' layout:
+    `enc_input_ids`, `dec_labels`, `z` in; encoder outputs, posterior, logits and losses out)."""
+    model.eval()
+    with torch.no_grad():
+        mean, logvar, encoder_outputs = model.encode(reference["enc_input_ids"])
+        outputs = model(labels=reference["dec_labels"], latent_z=reference.get("z", mean))
+    ours = {"enc_last_hidden": encoder_outputs.last_hidden_state, "enc_pooled": encoder_outputs.pooler_output,
+            "mean": mean, "logvar": logvar, "dec_logits": outputs.logits, "loss_rec": outputs.loss_rec}
+    return {name: (value - reference[name]).abs().max().item() for name, value in ours.items() if name in reference}
+
+
+def convert_optimus_checkpoint(src=None, out=None, *, encoder_dir=None, decoder_dir=None, step=None,
+                               encoder_tokenizer=None, decoder_tokenizer=None, latent_as_gpt_memory=None,
+                               latent_as_gpt_emb=None, reference=None, overwrite=False, push_to_hub=None,
+                               private=False, token=None):
+    """Convert an original Optimus checkpoint into a model folder at `out` (written atomically), with a model card
+    that records the source files and the parity measured; optionally push it. Returns the parity errors."""
+    from safetensors.torch import load_file
+
+    from .. import __version__
+    from ..hub import card_data, push_folder, write_model_card
+    from ..output import atomic_output_dir, check_output_dir
+
+    check_output_dir(out, overwrite)
+    source = find_source(src, encoder_dir, decoder_dir, step)
+    original = read_original(source)
+    lower = getattr(original.args, "do_lower_case", None)
+    processor = load_processor(source, encoder_tokenizer, decoder_tokenizer, do_lower_case=lower)
+    if processor is None:
+        original.notes.append("no tokenizer files found: the folder holds no processor")
+        log("warning: no tokenizer files in the checkpoint folders (give --encoder-tokenizer/--decoder-tokenizer)")
+    with atomic_output_dir(out, overwrite) as staging:
+        config = convert(original, staging, processor, latent_as_gpt_memory, latent_as_gpt_emb)
+        log("checking the written folder")
+        model = OptimusModel.from_pretrained(staging).eval()
+        written = convert_state_dict(original.encoder_state, original.decoder_state)
+        loaded = model.state_dict()
+        parity = {"weights (round trip)": max((loaded[k] - v).abs().max().item() for k, v in written.items())}
+        if reference is not None:
+            log(f"comparing with the original's outputs in {reference}")
+            reference_tensors = load_file(str(reference)) if str(reference).endswith(".safetensors") else None
+            if reference_tensors is None:
+                raise HfExtError(f"reference {reference} is not a .safetensors file")
+            parity.update(reference_errors(model, reference_tensors))
+        files = [{"name": str(p.relative_to(p.parent.parent)), "bytes": p.stat().st_size, "sha256": sha256(p)}
+                 for p in source.files()]
+        repo_id = push_to_hub or Path(out).name
+        write_model_card(
+            staging, "optimus",
+            card_data(license="mit", tags=["optimus", "vae", "text-generation"], pipeline_tag="text-generation",
+                      base_model=_base_models(original.args)),
+            model_name=Path(out).name, repo_id=repo_id, latent_size=config.latent_size,
+            injection=_injection_text(config), encoder_layers=config.encoder.num_hidden_layers,
+            encoder_hidden=config.encoder.hidden_size, decoder_layers=config.decoder.n_layer,
+            decoder_hidden=config.decoder.n_embd, decoder_vocab=config.decoder.vocab_size, beta=config.beta,
+            dim_target_kl=config.dim_target_kl, hf_ext_version=__version__, source_files=files, parity=parity,
+            notes=original.notes,
+        )
+    log(f"wrote {out}")
+    if push_to_hub:
+        push_folder(out, push_to_hub, token=token, private=private)
+    return parity
+
+
+# the original's --*_model_name_or_path defaults, by their current Hub ids
+LEGACY_HUB_IDS = {"bert-base-cased": "google-bert/bert-base-cased", "bert-base-uncased": "google-bert/bert-base-uncased",
+                  "bert-large-cased": "google-bert/bert-large-cased", "gpt2": "openai-community/gpt2",
+                  "gpt2-medium": "openai-community/gpt2-medium", "gpt2-large": "openai-community/gpt2-large"}
+
+
+def _base_models(args):
+    """The Hub ids of the encoder and decoder the original training started from (paths are left out)."""
+    names = [getattr(args, f"{side}_model_name_or_path", "") for side in ("encoder", "decoder")] if args else []
+    ids = [LEGACY_HUB_IDS.get(name, name) for name in names if name]
+    return [i for i in ids if re.fullmatch(r"[\w.-]+/[\w.-]+", i)] or None
+
+
+def _injection_text(config):
+    ways = [w for w, on in (("as a memory slot in every layer", config.latent_as_gpt_memory),
+                            ("added to every token embedding", config.latent_as_gpt_emb)) if on]
+    return " and ".join(ways) if ways else "nowhere (both injections are switched off)"
+
+
+def add_arguments(parser):
+    """`hf-ext convert optimus` arguments (also used by conversion/convert_optimus_original_checkpoint.py)."""
+    parser.add_argument("src", nargs="?", help="original output folder (checkpoint-encoder-N/ + checkpoint-decoder-N/ "
+                        "or checkpoint-full-N/), a checkpoint-full-N folder, or a training.bin")
+    parser.add_argument("out", help="folder to write (must not exist unless --overwrite)")
+    parser.add_argument("--encoder", type=Path, help="checkpoint-encoder-N folder (with --decoder, instead of SRC)")
+    parser.add_argument("--decoder", type=Path, help="checkpoint-decoder-N folder (with --encoder, instead of SRC)")
+    parser.add_argument("--step", type=int, help="which step N to convert (default: the highest)")
+    parser.add_argument("--encoder-tokenizer", type=Path, help="folder with the BERT vocab.txt (default: the "
+                        "encoder checkpoint folder)")
+    parser.add_argument("--decoder-tokenizer", type=Path, help="folder with the GPT-2 vocab.json and merges.txt "
+                        "(default: the decoder checkpoint folder)")
+    parser.add_argument("--latent-as-gpt-memory", type=int, choices=(0, 1),
+                        help="override the memory injection flag read from the training args")
+    parser.add_argument("--latent-as-gpt-emb", type=int, choices=(0, 1),
+                        help="override the embedding injection flag read from the training args")
+    parser.add_argument("--reference", type=Path, help="reference.safetensors with outputs of the original code to "
+                        "check the conversion against (errors go into the model card)")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--push-to-hub", metavar="REPO_ID", help="also push the folder to this Hub repository")
+    parser.add_argument("--private", action="store_true", help="create the Hub repository as private")
+    parser.add_argument("--token", help="Hub token (default: the logged-in one)")
+
+
+def run(args):
+    if args.src is None and args.encoder is None:
+        raise HfExtError("no source given: pass SRC or --encoder and --decoder")
+    parity = convert_optimus_checkpoint(
+        args.src, args.out, encoder_dir=args.encoder, decoder_dir=args.decoder, step=args.step,
+        encoder_tokenizer=args.encoder_tokenizer, decoder_tokenizer=args.decoder_tokenizer,
+        latent_as_gpt_memory=args.latent_as_gpt_memory, latent_as_gpt_emb=args.latent_as_gpt_emb,
+        reference=args.reference, overwrite=args.overwrite, push_to_hub=args.push_to_hub, private=args.private,
+        token=args.token,
+    )
+    for name, value in parity.items():
+        print(f"{name}: max abs error {value:.3g}")

@@ -12,6 +12,7 @@ from .modeling_optimus import (
     kl_per_dimension,
     reconstruction_loss,
 )
+from .latent_space import OptimusLatentSpace
 from .processing_optimus import OptimusProcessor
 
 AUTO_MAP = {
@@ -33,6 +34,6 @@ def register():
     OptimusProcessor.register_for_auto_class("AutoProcessor")
 
 
-__all__ = ["AUTO_MAP", "OptimusConfig", "OptimusForSequenceClassification", "OptimusModel", "OptimusOutput",
+__all__ = ["AUTO_MAP", "OptimusConfig", "OptimusForSequenceClassification", "OptimusLatentSpace", "OptimusModel", "OptimusOutput",
            "OptimusPreTrainedModel", "OptimusProcessor", "kl_divergence", "kl_per_dimension", "reconstruction_loss",
            "register"]

@@ -1,0 +1,12 @@
+#!/usr/bin/env python
+"""Convert an original Optimus checkpoint (ChunyuanLI/Optimus) into a transformers model folder.
+
+The same command as `hf-ext convert optimus`; see `--help`.
+"""
+
+import sys
+
+from hf_ext.cli import convert_main
+
+if __name__ == "__main__":
+    sys.exit(convert_main("optimus"))

@@ -1,0 +1,98 @@
+"""The `hf-ext` command: conversion, Hub publishing and each model's own tools.
+
+Every failure a user can cause (bad input, refused checkpoint, bad argument) ends with one `hf-ext: error: ...`
+line on stderr and a non-zero exit; set HF_EXT_DEBUG=1 for the traceback.
+"""
+
+import argparse
+import importlib
+import os
+import sys
+
+from .conversion import CONVERTERS
+from .errors import HfExtError
+
+COMMAND_GROUPS = ("hf_ext.commands.optimus",)  # modules with register(subparsers)
+
+
+def build_parser(prog="hf-ext"):
+    parser = argparse.ArgumentParser(prog=prog, description="Research models as Hugging Face transformers models.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    convert = commands.add_parser("convert", help="convert an original checkpoint into a transformers folder",
+                                  description="Convert an original research checkpoint into a model folder that "
+                                  "loads with AutoModel.from_pretrained (written atomically).")
+    models = convert.add_subparsers(dest="model", required=True, metavar="MODEL")
+    for name, (module_name, summary) in CONVERTERS.items():
+        sub = models.add_parser(name, help=summary, description=f"Convert {summary}.")
+        module = importlib.import_module(module_name)
+        module.add_arguments(sub)
+        sub.set_defaults(handler=module.run)
+
+    push = commands.add_parser("push", help="upload a model folder to the Hub as one commit",
+                               description="Create REPO_ID if needed and upload DIR to it as a single commit.")
+    push.add_argument("dir", help="model folder (as written by hf-ext convert or save_pretrained)")
+    push.add_argument("repo_id", help="Hub repository, e.g. my-org/optimus-snli")
+    push.add_argument("--private", action="store_true", help="create the repository as private")
+    push.add_argument("--revision", help="branch to push to (default: main)")
+    push.add_argument("--commit-message", help="commit message")
+    push.add_argument("--token", help="Hub token (default: the logged-in one)")
+    push.set_defaults(handler=_run_push)
+
+    for module_name in COMMAND_GROUPS:
+        importlib.import_module(module_name).register(commands)
+    return parser
+
+
+def _run_push(args):
+    from .hub import push_folder
+
+    print(push_folder(args.dir, args.repo_id, token=args.token, private=args.private, revision=args.revision,
+                      commit_message=args.commit_message))
+
+
+def main(argv=None, prog="hf-ext"):
+    return execute(build_parser(prog).parse_args(argv), prog)
+
+
+def convert_main(model, argv=None, prog=None):
+    """Entry point of a `conversion/` script: `hf-ext convert MODEL` under its own name."""
+    module_name, summary = CONVERTERS[model]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=prog, description=f"Convert {summary} (same as `hf-ext convert {model}`).")
+    module.add_arguments(parser)
+    parser.set_defaults(handler=module.run)
+    return execute(parser.parse_args(argv), parser.prog)
+
+
+def execute(args, prog):
+    """Run a parsed command; user-facing failures become one error line and a non-zero exit code."""
+    _quiet_libraries()
+    try:
+        args.handler(args)
+    except HfExtError as error:
+        return _fail(prog, str(error))
+    except KeyboardInterrupt:
+        return _fail(prog, "interrupted", code=130)
+    except (ValueError, OSError, RuntimeError) as error:
+        if os.environ.get("HF_EXT_DEBUG"):
+            raise
+        text = str(error).strip()
+        return _fail(prog, f"{type(error).__name__}: {text.splitlines()[0] if text else ''}")
+    return 0
+
+
+def _fail(prog, message, code=1):
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return code
+
+
+def _quiet_libraries():
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Hub work through huggingface_hub: model cards from `model_cards/`, pushing a folder as one commit, and laying a
+folder into a local Hub cache so that `from_pretrained("org/name")` resolves offline."""
+
+import hashlib
+import shutil
+import sys
+from pathlib import Path
+
+from huggingface_hub import HfApi, ModelCard, ModelCardData
+from huggingface_hub.errors import HfHubHTTPError
+
+from .errors import HfExtError
+from .export import log
+
+CARD_DIRS = (
+    Path(__file__).resolve().parent.parent / "model_cards",  # a source checkout
+    Path(sys.prefix) / "share" / "hf-ext" / "model_cards",  # an installed wheel (setup.cfg data_files)
+)
+
+
+def model_card_template(name):
+    for folder in CARD_DIRS:
+        if (folder / f"{name}.md").is_file():
+            return folder / f"{name}.md"
+    raise HfExtError(f"no model card template {name}.md in {', '.join(str(d) for d in CARD_DIRS)}")
+
+
+def write_model_card(folder, template_name, card_data, **context):
+    """Render `model_cards/<template_name>.md` with `card_data` (a `ModelCardData`) into `folder/README.md`."""
+    card = ModelCard.from_template(card_data, template_path=str(model_card_template(template_name)), **context)
+    card.save(Path(folder) / "README.md")
+    return card
+
+
+def card_data(**kwargs):
+    """`ModelCardData` with the package's defaults (library transformers, tag hf-ext)."""
+    tags = ["hf-ext", *kwargs.pop("tags", [])]
+    return ModelCardData(library_name="transformers", tags=tags, **kwargs)
+
+
+def push_folder(folder, repo_id, token=None, private=False, revision=None, commit_message=None, endpoint=None):
+    """Create `repo_id` if needed and upload `folder` as a single commit; returns the commit URL."""
+    folder = Path(folder)
+    if not folder.is_dir() or not (folder / "config.json").is_file():
+        raise HfExtError(f"{folder} is not a model folder (no config.json)")
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in files)
+    api = HfApi(endpoint=endpoint, token=token)
+    try:
+        log(f"creating {repo_id} (if needed)")
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        log(f"uploading {len(files)} files ({size / 2**20:.1f} MiB) from {folder} to {repo_id}")
+        info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model", revision=revision,
+                                 commit_message=commit_message or f"Upload {folder.name} with hf-ext")
+    except HfHubHTTPError as error:
+        raise HfExtError(f"push to {repo_id} failed: {str(error).splitlines()[0]}") from None
+    url = getattr(info, "commit_url", None) or str(info)
+    log(f"pushed: {url}")
+    return url
+
+
+def install_into_hub_cache(folder, repo_id, hub_cache):
+    """Lay `folder` out as the cached snapshot of `repo_id` (refs/main -> a 40-hex commit), as a download would."""
+    commit = hashlib.sha1(repo_id.encode()).hexdigest()
+    repo_dir = Path(hub_cache) / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo_dir / "snapshots" / commit
+    if snapshot.exists():
+        shutil.rmtree(snapshot)
+    shutil.copytree(folder, snapshot)
+    (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
+    (repo_dir / "refs" / "main").write_text(commit)
+    # a cached "does not exist" entry keeps offline loading from probing for an adapter
+    (repo_dir / ".no_exist" / commit).mkdir(parents=True, exist_ok=True)
+    (repo_dir / ".no_exist" / commit / "adapter_config.json").touch()
+    return snapshot

@@ -1,0 +1,59 @@
+"""Sentence-level operations in Optimus' latent space: encode, reconstruct, sample, interpolate, analogy."""
+
+import torch
+
+
+class OptimusLatentSpace:
+    """An `OptimusModel` with its `OptimusProcessor`, working on text. Posterior means stand for sentences, as in the
+    original's `run_latent_generation.py`; decoding is `generate()` from `<BOS>` (greedy unless told otherwise)."""
+
+    def __init__(self, model, processor, max_new_tokens=32, **generation_kwargs):
+        self.model = model.eval()
+        self.processor = processor
+        self.generation_kwargs = {"max_new_tokens": max_new_tokens, "do_sample": False, **generation_kwargs}
+
+    @classmethod
+    def from_pretrained(cls, name_or_path, **kwargs):
+        from transformers import AutoModel, AutoProcessor
+
+        trust = kwargs.pop("trust_remote_code", None)
+        model = AutoModel.from_pretrained(name_or_path, trust_remote_code=trust)
+        processor = AutoProcessor.from_pretrained(name_or_path, trust_remote_code=trust)
+        return cls(model, processor, **kwargs)
+
+    @torch.no_grad()
+    def encode(self, texts):
+        """(mean, logvar) of each text's posterior."""
+        batch = self.processor([texts] if isinstance(texts, str) else list(texts))
+        mean, logvar, _ = self.model.encode(batch["input_ids"].to(self.model.device),
+                                            batch["attention_mask"].to(self.model.device))
+        return mean, logvar
+
+    @torch.no_grad()
+    def decode(self, latent_z, **generation_kwargs):
+        """One text per latent row."""
+        tokens = self.model.generate(latent_z=latent_z, **{**self.generation_kwargs, **generation_kwargs})
+        return self.processor.batch_decode(tokens)
+
+    def reconstruct(self, texts, **generation_kwargs):
+        return self.decode(self.encode(texts)[0], **generation_kwargs)
+
+    def sample(self, num_samples, generator=None, **generation_kwargs):
+        """Decode latents drawn from the prior."""
+        return self.decode(self.model.sample_prior(num_samples, generator), **generation_kwargs)
+
+    def interpolate(self, text_start, text_end, num_steps=5, **generation_kwargs):
+        """[(t, text)] along (1 - t) z_start + t z_end."""
+        mean, _ = self.encode([text_start, text_end])
+        latents = self.model.interpolate(mean[0], mean[1], num_steps)
+        weights = torch.linspace(0, 1, num_steps).tolist()
+        return list(zip(weights, self.decode(latents, **generation_kwargs)))
+
+    def analogy(self, text_a, text_b, text_c, degree=1.0, **generation_kwargs):
+        """a : b :: c : ?, decoded from z_c + (z_b - z_a) * degree."""
+        mean, _ = self.encode([text_a, text_b, text_c])
+        latent = self.model.analogy(mean[0:1], mean[1:2], mean[2:3], degree)
+        return self.decode(latent, **generation_kwargs)[0]
+
+
+__all__ = ["OptimusLatentSpace"]
