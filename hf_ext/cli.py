@@ -15,8 +15,17 @@ from .errors import HfExtError
 COMMAND_GROUPS = ("hf_ext.commands.optimus",)  # modules with register(subparsers)
 
 
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one `<program>: error: ...` line (exit 2) like every other failure, not a usage dump;
+    subcommand parsers inherit the class."""
+
+    def error(self, message):
+        program = self.prog.split()[0]  # "hf-ext convert optimus" -> "hf-ext"
+        self.exit(2, f"{program}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(prog="hf-ext"):
-    parser = argparse.ArgumentParser(prog=prog, description="Research models as Hugging Face transformers models.")
+    parser = Parser(prog=prog, description="Research models as Hugging Face transformers models.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     convert = commands.add_parser("convert", help="convert an original checkpoint into a transformers folder",
@@ -59,7 +68,7 @@ def convert_main(model, argv=None, prog=None):
     """Entry point of a `conversion/` script: `hf-ext convert MODEL` under its own name."""
     module_name, summary = CONVERTERS[model]
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=prog, description=f"Convert {summary} (same as `hf-ext convert {model}`).")
+    parser = Parser(prog=prog, description=f"Convert {summary} (same as `hf-ext convert {model}`).")
     module.add_arguments(parser)
     parser.set_defaults(handler=module.run)
     return execute(parser.parse_args(argv), parser.prog)

@@ -20,16 +20,21 @@ def check_output_dir(out, overwrite=False):
     probe = parent
     while not probe.exists():
         probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+    if not probe.is_dir():
+        raise HfExtError(f"output {out} cannot be created: {probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
         raise HfExtError(f"output {out} is not writable ({probe} does not accept new files)")
     return out
 
 
 @contextlib.contextmanager
 def atomic_output_dir(out, overwrite=False):
-    """Yield a temporary folder beside `out`; on success it replaces `out`, on any failure it is removed."""
+    """Yield a temporary folder beside `out`; on success it replaces `out`, on any failure it is removed (with the
+    parent folders this call created)."""
     out = check_output_dir(out, overwrite)
     parent = out.absolute().parent
+    # the highest missing ancestor: on failure it goes, with everything this call made below it
+    topmost_created = next((p for p in reversed([parent, *parent.parents]) if not p.exists()), None)
     parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=parent))
     try:
@@ -42,5 +47,5 @@ def atomic_output_dir(out, overwrite=False):
         else:
             os.replace(staging, out)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(topmost_created or staging, ignore_errors=True)
         raise

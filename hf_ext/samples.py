@@ -29,7 +29,7 @@ def train_bert_vocab(sentences, folder, vocab_size=200, lowercase=True):
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.train_from_iterator(sentences, trainers.WordPieceTrainer(vocab_size=vocab_size,
+    tokenizer.train_from_iterator(sentences, trainers.WordPieceTrainer(vocab_size=vocab_size, show_progress=False,
                                                                         special_tokens=BERT_SPECIAL_TOKENS))
     Path(folder).mkdir(parents=True, exist_ok=True)
     tokenizer.model.save(str(folder))
@@ -42,7 +42,7 @@ def train_gpt2_bpe(sentences, folder, vocab_size=300):
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.train_from_iterator(sentences, trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        vocab_size=vocab_size, show_progress=False, special_tokens=[], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tokenizer.add_special_tokens(["<|endoftext|>"])
     Path(folder).mkdir(parents=True, exist_ok=True)
     tokenizer.model.save(str(folder))

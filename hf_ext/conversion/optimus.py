@@ -28,6 +28,9 @@ BERT_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_atten
                     "type_vocab_size", "initializer_range", "layer_norm_eps")
 GPT2_CONFIG_KEYS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "activation_function",
                     "resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon", "initializer_range")
+ENCODER_SIZING_KEYS = ("embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
+                       "embeddings.token_type_embeddings.weight", "encoder.layer.0.intermediate.dense.weight")
+DECODER_SIZING_KEYS = ("transformer.wte.weight", "transformer.wpe.weight")
 DECODER_BUFFERS = re.compile(r"^transformer\.h\.\d+\.attn\.(bias|masked_bias)$")
 
 
@@ -168,13 +171,19 @@ def read_original(source):
 
 
 def _check_is_optimus(encoder_state, decoder_state, source):
-    where = source.full_checkpoint or source.encoder_dir
     if any(k.startswith("bert.") for k in encoder_state) or "linear.weight" not in encoder_state:
-        raise HfExtError(f"{where}: the encoder weights are not an Optimus encoder (no latent projection "
-                         "linear.weight; a plain BERT checkpoint?)")
+        raise HfExtError(f"{source.full_checkpoint or source.encoder_dir}: the encoder weights are not an Optimus "
+                         "encoder (no latent projection linear.weight; a plain BERT checkpoint?)")
     if "transformer.linear.weight" not in decoder_state or "transformer.linear_emb.weight" not in decoder_state:
-        raise HfExtError(f"{where}: the decoder weights are not an Optimus decoder (no transformer.linear / "
-                         "linear_emb latent projections; a plain GPT-2 checkpoint?)")
+        raise HfExtError(f"{source.full_checkpoint or source.decoder_dir}: the decoder weights are not an Optimus "
+                         "decoder (no transformer.linear / linear_emb latent projections; a plain GPT-2 checkpoint?)")
+    # the sizes are read off these before the full key check, so their absence must not surface as a KeyError
+    for side, state, keys, folder in (("encoder", encoder_state, ENCODER_SIZING_KEYS, source.encoder_dir),
+                                      ("decoder", decoder_state, DECODER_SIZING_KEYS, source.decoder_dir)):
+        missing = [key for key in keys if key not in state]
+        if missing:
+            raise HfExtError(f"{source.full_checkpoint or folder}: the {side} weights lack {', '.join(missing)} "
+                             "(missing keys)")
 
 
 def _infer_configs(encoder_state, decoder_state):
@@ -453,8 +462,6 @@ def add_arguments(parser):
 
 
 def run(args):
-    if args.src is None and args.encoder is None:
-        raise HfExtError("no source given: pass SRC or --encoder and --decoder")
     parity = convert_optimus_checkpoint(
         args.src, args.out, encoder_dir=args.encoder, decoder_dir=args.decoder, step=args.step,
         encoder_tokenizer=args.encoder_tokenizer, decoder_tokenizer=args.decoder_tokenizer,
