@@ -69,7 +69,15 @@ def install_into_hub_cache(folder, repo_id, hub_cache):
     shutil.copytree(folder, snapshot)
     (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
     (repo_dir / "refs" / "main").write_text(commit)
-    # a cached "does not exist" entry keeps offline loading from probing for an adapter
-    (repo_dir / ".no_exist" / commit).mkdir(parents=True, exist_ok=True)
-    (repo_dir / ".no_exist" / commit / "adapter_config.json").touch()
+    # Cached "does not exist" entries, as a download records them, so that offline loading neither probes the
+    # network nor fails: the adapter config PEFT looks for, and the config.json that AutoTokenizer reads first in a
+    # tokenizer subfolder (the processor's decoder_tokenizer/). They override real files, so only absent ones.
+    absent = repo_dir / ".no_exist" / commit
+    shutil.rmtree(absent, ignore_errors=True)
+    probed = ["adapter_config.json"] + [f"{d.relative_to(snapshot).as_posix()}/config.json"
+                                        for d in snapshot.rglob("*") if d.is_dir()]
+    for name in probed:
+        if not (snapshot / name).exists():
+            (absent / name).parent.mkdir(parents=True, exist_ok=True)
+            (absent / name).touch()
     return snapshot
