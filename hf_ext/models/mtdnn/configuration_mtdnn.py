@@ -1,0 +1,291 @@
+"""Configuration of MT-DNN (Liu et al., ACL 2019): one BERT encoder shared by an ordered list of task heads."""
+
+import numbers
+import os
+import re
+
+from torch import nn
+from transformers import BertConfig, PretrainedConfig
+
+TASK_TYPES = ("classification", "regression", "ranking")
+HEAD_TYPES = ("linear", "san")
+DATA_FORMATS = ("PremiseOnly", "PremiseAndOneHypothesis", "PremiseAndMultiHypothesis")
+PAIR_FORMATS = ("PremiseAndOneHypothesis", "PremiseAndMultiHypothesis")
+RNN_TYPES = ("gru", "lstm", "rnn")
+# the original's data_utils.metrics.Metric names
+METRICS = ("ACC", "F1", "MCC", "Pearson", "Spearman", "AUC", "SeqEval", "EmF1", "F1MAC", "F1MIC", "CMAT", "EmF12",
+           "SeqEvalList")
+DEFAULT_METRICS = {"classification": ["ACC"], "regression": ["Pearson", "Spearman"], "ranking": ["ACC"]}
+# the original's train.py defaults for the SAN answer module (--answer_num_turn, --answer_mem_type, ...)
+DEFAULT_SAN = {"num_turns": 5, "memory_type": 1, "memory_dropout": 0.1, "merge_opt": 1, "rnn_type": "gru"}
+DEFAULT_DROPOUT = 0.1  # train.py --dropout_p, for task definitions without dropout_p
+DEFAULT_GROUP_SIZE = 2  # candidates per ranking group when not given: pairwise, like QNLI-as-ranking and COPA
+
+# the original's task-definition YAML (experiments/*/..._task_def.yml): what each key means here
+ORIGINAL_TASK_TYPES = {"Classification": "classification", "Regression": "regression", "Ranking": "ranking"}
+ORIGINAL_LOSSES = {"classification": "CeCriterion", "regression": "MseCriterion", "ranking": "RankCeCriterion"}
+ORIGINAL_TASK_KEYS = ("task_type", "n_class", "data_format", "enable_san", "dropout_p", "labels", "metric_meta",
+                      "loss", "kd_loss", "adv_loss", "split_names", "actf")
+TASK_KEYS = ("name", "type", "num_labels", "head", "dropout", "data_format", "labels", "group_size", "metrics",
+             "kd_loss", "split_names", "san")
+TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+class MTDNNConfig(PretrainedConfig):
+    r"""
+    Configuration of an MT-DNN model: a BERT encoder and an ordered list of tasks, each with its own head.
+
+    Args:
+        encoder (`BertConfig` or `dict`, *optional*): the shared BERT encoder.
+        tasks (`list[dict]`): the tasks in the original's order (task id = position). Each task has
+            - `name` (`str`): letters, digits, `-` and `_`;
+            - `type` (`str`): `"classification"`, `"regression"` or `"ranking"`;
+            - `num_labels` (`int`): classes of a classification task; 1 for regression and ranking (one score per row);
+            - `head` (`str`, defaults to `"linear"`): `"linear"` (dense on the [CLS] vector, then a linear layer) or
+              `"san"` (stochastic answer network, classification of sentence pairs only);
+            - `dropout` (`float`, defaults to 0.1): the task's `dropout_p`, on the [CLS] vector (linear head) or
+              throughout the SAN head;
+            - `data_format` (`str`): the original's `PremiseOnly`, `PremiseAndOneHypothesis` or
+              `PremiseAndMultiHypothesis` (ranking);
+            - `labels` (`list[str]`, *optional*): label names (classification: one per class);
+            - `group_size` (`int`, ranking only, defaults to 2): candidates per group K; rows come candidate-major
+              within a group (row g*K+k = premise g with candidate k);
+            - `metrics` (`list[str]`): the original's metric names for evaluation (ACC, F1, MCC, Pearson, ...);
+            - `kd_loss` (`str`, *optional*): the original's distillation criterion name, recorded for training;
+            - `split_names` (`list[str]`): the data splits of the task;
+            - `san` (`dict`, SAN heads only): `num_turns` (5), `memory_type` (1: log of the turn-averaged
+              probabilities, 0: the last turn's logits), `memory_dropout` (0.1, stochastic prediction dropout),
+              `merge_opt` (1: the classifier reads [x, h, |x-h|, x*h]; 0: [x, h]), `rnn_type` (`gru`, `lstm`, `rnn`).
+        default_task (`str`, *optional*): the task `MTDNNForSequenceClassification` exposes (and `MTDNNModel` runs
+            when no `task` is given); the first task when unset.
+    """
+
+    model_type = "mt-dnn"
+    sub_configs = {"encoder": BertConfig}
+
+    def __init__(self, encoder=None, tasks=None, default_task=None, tie_word_embeddings=False, **kwargs):
+        if isinstance(encoder, dict):
+            encoder = BertConfig(**{k: v for k, v in encoder.items() if k != "model_type"})
+        self.encoder = encoder if encoder is not None else BertConfig()
+        self.tasks = [normalize_task(task) for task in (tasks or [])]
+        self.default_task = default_task
+        self.tie_word_embeddings = tie_word_embeddings
+        super().__init__(**kwargs)
+        self.validate_mtdnn()
+
+    def validate_mtdnn(self):
+        """Raise `ValueError` with one clear line for a configuration the model cannot run."""
+        names = [task["name"] for task in self.tasks]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"task names must be unique, {', '.join(duplicates)} appear more than once")
+        if self.default_task is not None and self.default_task not in names:
+            raise ValueError(f"default_task {self.default_task!r} is not one of the tasks ({', '.join(names)})")
+
+    @property
+    def task_names(self):
+        return [task["name"] for task in self.tasks]
+
+    def task_index(self, task):
+        """Index of a task given by name or index; `ValueError` for an unknown one."""
+        if isinstance(task, bool) or not isinstance(task, (numbers.Integral, str)):
+            raise ValueError(f"task must be a task name or index, got {type(task).__name__}")
+        if isinstance(task, numbers.Integral):
+            if not 0 <= task < len(self.tasks):
+                raise ValueError(f"task index {task} is out of range: the model has {len(self.tasks)} tasks")
+            return int(task)
+        if task not in self.task_names:
+            raise ValueError(f"unknown task {task!r}; the model's tasks are {', '.join(self.task_names) or 'none'}")
+        return self.task_names.index(task)
+
+    def task(self, task):
+        """The task's settings (a dict, see the class docstring) by name or index."""
+        return self.tasks[self.task_index(task)]
+
+    @classmethod
+    def from_task_defs(cls, task_defs, encoder_config, task_names=None, san=None, group_sizes=None, **kwargs):
+        r"""
+        Build the config from task definitions in the original's format (`{name: {task_type, n_class, data_format,
+        enable_san, dropout_p, labels, metric_meta, loss, kd_loss, ...}}`, i.e. a parsed `glue_task_def.yml`).
+
+        Args:
+            task_defs (`dict`): the task definitions.
+            encoder_config (`BertConfig` or `dict`): the encoder.
+            task_names (`list[str]`, *optional*): which tasks, in which order (the original's `--train_datasets`
+                prefixes); all of `task_defs`, in their order, when unset.
+            san (`dict`, *optional*): SAN settings for every SAN head (keys of `san` in the class docstring).
+            group_sizes (`dict[str, int]`, *optional*): candidates per group of ranking tasks.
+        """
+        if not isinstance(task_defs, dict) or not task_defs:
+            raise ValueError("the task definitions must map task names to their settings")
+        names = list(task_defs) if task_names is None else list(task_names)
+        undefined = [name for name in names if name not in task_defs]
+        if undefined:
+            raise ValueError(f"task(s) {', '.join(map(str, undefined))} are not defined in the task definitions "
+                             f"(defined: {', '.join(map(str, task_defs))})")
+        group_sizes = dict(group_sizes or {})
+        unknown = sorted(set(group_sizes) - set(names))
+        if unknown:
+            raise ValueError(f"group sizes given for unknown task(s) {', '.join(unknown)}")
+        tasks = [task_from_original(name, task_defs[name], san, group_sizes.get(name)) for name in names]
+        return cls(encoder=encoder_config, tasks=tasks, **kwargs)
+
+    @classmethod
+    def from_task_def_yaml(cls, path_or_text, encoder_config, task_names=None, san=None, group_sizes=None, **kwargs):
+        """`from_task_defs` on a task-definition YAML file (the original's `glue_task_def.yml` format) or its text."""
+        import yaml
+
+        text = path_or_text
+        if isinstance(path_or_text, os.PathLike) or "\n" not in str(path_or_text):
+            try:
+                with open(path_or_text, encoding="utf-8") as handle:
+                    text = handle.read()
+            except OSError as error:
+                raise ValueError(f"cannot read the task-definition file {path_or_text}: {error.strerror}") from None
+        try:
+            task_defs = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            where = getattr(error, "problem_mark", None)
+            line = f" at line {where.line + 1}" if where is not None else ""
+            raise ValueError(f"malformed task-definition YAML{line}: {getattr(error, 'problem', None) or error}") \
+                from None
+        return cls.from_task_defs(task_defs, encoder_config, task_names, san, group_sizes, **kwargs)
+
+
+def task_from_original(name, definition, san=None, group_size=None):
+    """One task of the original's task-definition format, as a task of `MTDNNConfig.tasks`."""
+    if not isinstance(definition, dict):
+        raise ValueError(f"task {name}: the definition must be a mapping, got {type(definition).__name__}")
+    unknown = sorted(set(definition) - set(ORIGINAL_TASK_KEYS))
+    if unknown:
+        raise ValueError(f"task {name}: unknown key(s) {', '.join(map(str, unknown))} in the task definition")
+    missing = [key for key in ("task_type", "n_class") if key not in definition]
+    if missing:
+        raise ValueError(f"task {name}: the task definition lacks {' and '.join(missing)}")
+    original_type = definition["task_type"]
+    if original_type not in ORIGINAL_TASK_TYPES:
+        raise ValueError(f"task {name}: task_type {original_type!r} is not supported "
+                         f"(supported: {', '.join(ORIGINAL_TASK_TYPES)})")
+    task_type = ORIGINAL_TASK_TYPES[original_type]
+    loss = definition.get("loss")
+    if loss is not None and loss != ORIGINAL_LOSSES[task_type]:
+        raise ValueError(f"task {name}: loss {loss} is not supported for {original_type} tasks "
+                         f"(the port computes {ORIGINAL_LOSSES[task_type]})")
+    enable_san = definition.get("enable_san", False)
+    if not isinstance(enable_san, bool):
+        raise ValueError(f"task {name}: enable_san must be true or false, got {enable_san!r}")
+    task = {
+        "name": name,
+        "type": task_type,
+        "num_labels": definition["n_class"],
+        "head": "san" if enable_san else "linear",
+        "dropout": definition.get("dropout_p") if definition.get("dropout_p") is not None else DEFAULT_DROPOUT,
+        "labels": definition.get("labels"),
+        "metrics": list(definition["metric_meta"]) if definition.get("metric_meta") else None,
+        "kd_loss": definition.get("kd_loss"),
+        "split_names": definition.get("split_names"),
+    }
+    if "data_format" in definition:
+        task["data_format"] = definition["data_format"]
+    if task_type == "ranking" and group_size is not None:
+        task["group_size"] = group_size
+    if enable_san and san:
+        task["san"] = dict(san)
+    return normalize_task({k: v for k, v in task.items() if v is not None})
+
+
+def normalize_task(task):
+    """A task of `MTDNNConfig.tasks` with its defaults filled in; `ValueError` naming the task for a bad setting."""
+    if not isinstance(task, dict):
+        raise ValueError(f"each task must be a dict, got {type(task).__name__}")
+    name = task.get("name")
+    if not isinstance(name, str) or not TASK_NAME.fullmatch(name) or hasattr(nn.ModuleDict, name):
+        raise ValueError(f"task name {name!r} is not valid (letters, digits, '-' and '_', not a Python attribute "
+                         "of nn.ModuleDict)")
+    unknown = sorted(set(task) - set(TASK_KEYS))
+    if unknown:
+        raise ValueError(f"task {name}: unknown setting(s) {', '.join(map(str, unknown))}")
+
+    def fail(message):
+        raise ValueError(f"task {name}: {message}")
+
+    task_type = task.get("type")
+    if task_type not in TASK_TYPES:
+        fail(f"type {task_type!r} is not supported (supported: {', '.join(TASK_TYPES)})")
+    num_labels = task.get("num_labels")
+    if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1:
+        fail(f"num_labels must be a positive integer, got {num_labels!r}")
+    if task_type == "classification" and num_labels < 2:
+        fail(f"a classification task needs at least 2 labels, got {num_labels}")
+    if task_type != "classification" and num_labels != 1:
+        fail(f"a {task_type} task scores each row with one number, so num_labels must be 1, got {num_labels}")
+    head = task.get("head", "linear")
+    if head not in HEAD_TYPES:
+        fail(f"head {head!r} is not supported (supported: {', '.join(HEAD_TYPES)})")
+    dropout = task.get("dropout", DEFAULT_DROPOUT)
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        fail(f"dropout must be a number in [0, 1), got {dropout!r}")
+    data_format = task.get("data_format", "PremiseAndMultiHypothesis" if task_type == "ranking"
+                           else "PremiseAndOneHypothesis")
+    if data_format not in DATA_FORMATS:
+        fail(f"data_format {data_format!r} is not supported (supported: {', '.join(DATA_FORMATS)})")
+    if (task_type == "ranking") != (data_format == "PremiseAndMultiHypothesis"):
+        fail(f"data_format {data_format} does not fit a {task_type} task (ranking tasks, and only they, read "
+             "PremiseAndMultiHypothesis)")
+    if head == "san" and (task_type != "classification" or data_format not in PAIR_FORMATS):
+        fail("a SAN head classifies sentence pairs: it needs type classification and a pair data_format")
+    labels = task.get("labels")
+    if labels is not None:
+        if not isinstance(labels, list) or not all(isinstance(label, str) for label in labels):
+            fail(f"labels must be a list of strings, got {labels!r}")
+        if task_type == "classification" and len(labels) != num_labels:
+            fail(f"{len(labels)} label names for {num_labels} labels")
+    metrics = task.get("metrics", DEFAULT_METRICS[task_type])
+    if not isinstance(metrics, list) or any(metric not in METRICS for metric in metrics):
+        fail(f"metrics must be a list of {', '.join(METRICS)}; got {metrics!r}")
+    split_names = task.get("split_names", ["train", "dev", "test"])
+    if not isinstance(split_names, list) or not all(isinstance(split, str) for split in split_names):
+        fail(f"split_names must be a list of strings, got {split_names!r}")
+    kd_loss = task.get("kd_loss")
+    if kd_loss is not None and not isinstance(kd_loss, str):
+        fail(f"kd_loss must be a criterion name, got {kd_loss!r}")
+    normalized = {"name": name, "type": task_type, "num_labels": num_labels, "head": head, "dropout": float(dropout),
+                  "data_format": data_format, "labels": labels, "metrics": list(metrics), "kd_loss": kd_loss,
+                  "split_names": split_names}
+    if task_type == "ranking":
+        group_size = task.get("group_size", DEFAULT_GROUP_SIZE)
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+            fail(f"group_size must be an integer >= 2, got {group_size!r}")
+        normalized["group_size"] = group_size
+    elif "group_size" in task:
+        fail("group_size applies to ranking tasks only")
+    if head == "san":
+        normalized["san"] = _normalize_san(task.get("san") or {}, fail)
+    elif task.get("san"):
+        fail("SAN settings given for a linear head")
+    return normalized
+
+
+def _normalize_san(san, fail):
+    if not isinstance(san, dict):
+        fail(f"san must be a dict, got {type(san).__name__}")
+    unknown = sorted(set(san) - set(DEFAULT_SAN))
+    if unknown:
+        fail(f"unknown SAN setting(s) {', '.join(map(str, unknown))}")
+    san = {**DEFAULT_SAN, **san}
+    turns = san["num_turns"]
+    if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+        fail(f"san num_turns must be a positive integer, got {turns!r}")
+    if san["memory_type"] not in (0, 1):
+        fail(f"san memory_type must be 0 (last turn) or 1 (average of turns), got {san['memory_type']!r}")
+    drop = san["memory_dropout"]
+    if isinstance(drop, bool) or not isinstance(drop, (int, float)) or not 0 <= drop < 1:
+        fail(f"san memory_dropout must be a number in [0, 1), got {drop!r}")
+    if san["merge_opt"] not in (0, 1):
+        fail(f"san merge_opt must be 0 or 1, got {san['merge_opt']!r}")
+    if san["rnn_type"] not in RNN_TYPES:
+        fail(f"san rnn_type {san['rnn_type']!r} is not supported (supported: {', '.join(RNN_TYPES)})")
+    return {**san, "memory_dropout": float(drop)}
+
+
+__all__ = ["MTDNNConfig"]

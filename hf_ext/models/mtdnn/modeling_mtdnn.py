@@ -1,0 +1,342 @@
+"""MT-DNN (Liu et al., ACL 2019): a shared BERT encoder with one head per task, as in namisan/mt-dnn.
+
+Heads, exactly as the original (HEAD 3228e7c):
+- linear: `out_proj(dense(dropout(h_[CLS])))`. The task "Pooler" has no activation: the original's activation
+  lookup fails silently and falls back to identity, whatever the task definition says.
+- SAN (stochastic answer network, Liu et al. 2018): a self-attentive initial state over the hypothesis tokens, then K
+  turns of bilinear attention over the premise tokens, a classifier on [x, h, |x-h|, x*h] and a GRU update; the
+  output is the log of the turn-averaged probabilities, with stochastic prediction dropout of whole turns in training.
+
+Regression heads output a raw score [B, 1]; ranking heads one score per (premise, candidate) row [B*K, 1], and the
+loss is a cross-entropy over each group of K rows (the original's RankCeCriterion).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import BertModel, PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_outputs import SequenceClassifierOutput
+from transformers.utils import ModelOutput, can_return_tuple
+
+from .configuration_mtdnn import MTDNNConfig
+
+RNN_CELLS = {"gru": nn.GRUCell, "lstm": nn.LSTMCell, "rnn": nn.RNNCell}
+
+
+@dataclass
+class MTDNNSANStates(ModelOutput):
+    r"""
+    Intermediate states of a SAN head (T turns, B examples, L positions, H hidden size, C labels).
+
+    initial_state (`torch.FloatTensor` of shape `(B, H)`): self-attentive sum over the hypothesis tokens.
+    attention_scores (`torch.FloatTensor` of shape `(T, B, L)`): bilinear attention scores over the positions,
+        `-inf` outside the premise.
+    premise_summaries (`torch.FloatTensor` of shape `(T, B, H)`): the attention-weighted premise of each turn.
+    states (`torch.FloatTensor` of shape `(T, B, H)`): the state each turn's classifier reads.
+    rnn_outputs (`torch.FloatTensor` of shape `(T, B, H)`): the recurrent cell's output after each turn (the last one
+        is computed, as in the original, but not read).
+    turn_logits (`torch.FloatTensor` of shape `(T, B, C)`): each turn's classifier logits.
+    """
+
+    initial_state: torch.FloatTensor | None = None
+    attention_scores: torch.FloatTensor | None = None
+    premise_summaries: torch.FloatTensor | None = None
+    states: torch.FloatTensor | None = None
+    rnn_outputs: torch.FloatTensor | None = None
+    turn_logits: torch.FloatTensor | None = None
+
+
+@dataclass
+class MTDNNOutput(ModelOutput):
+    r"""
+    loss (`torch.FloatTensor` of shape `()`): the task's loss (cross-entropy, MSE, or cross-entropy over ranking
+        groups), when `labels` are given.
+    logits (`torch.FloatTensor`): the head's output, as the original's: classification `(B, C)` logits (SAN: log of
+        the turn-averaged probabilities), regression `(B, 1)` scores, ranking `(B*K, 1)` scores, one per row.
+    group_logits (`torch.FloatTensor` of shape `(B, K)`): ranking only: the scores grouped by candidate set (a softmax
+        over the last dimension ranks the candidates).
+    hidden_states, attentions: the encoder's, when requested.
+    san_states (`MTDNNSANStates`): SAN heads only, with `output_san_states=True`.
+    """
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    group_logits: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+    san_states: MTDNNSANStates | None = None
+
+
+def premise_hypothesis_masks(token_type_ids, attention_mask):
+    """The SAN masks (bool, True = excluded) as the original's collater builds them for right-padded pairs: the
+    premise is `[CLS] premise [SEP]` (segment 0), the hypothesis `hypothesis [SEP]` (segment 1); padding is in
+    neither. Reading the segment of each token also keeps left-padded batches right."""
+    real = attention_mask.bool()
+    hypothesis = token_type_ids.bool()
+    return ~(real & ~hypothesis), ~(real & hypothesis)
+
+
+def variational_dropout(x, p, training):
+    """The original's DropoutWrapper on a (B, L, H) sequence: one mask per example and feature, shared over L."""
+    if not training or p == 0:
+        return x
+    keep = torch.bernoulli(x.new_full((x.size(0), 1, x.size(2)), 1 - p))
+    return x * keep / (1 - p)
+
+
+class MTDNNLinearHead(nn.Module):
+    """The original's `nn.Sequential(Pooler, Linear)`: dropout on the [CLS] vector, dense (no activation), linear."""
+
+    def __init__(self, hidden_size, num_labels, dropout):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.out_proj = nn.Linear(hidden_size, num_labels)
+
+    def forward(self, sequence_output):
+        return self.out_proj(self.dense(self.dropout(sequence_output[:, 0])))
+
+
+class MTDNNSANHead(nn.Module):
+    """The original's SANClassifier (`answer` options, `mem_cum_type=simple`, bilinear attention)."""
+
+    def __init__(self, hidden_size, num_labels, dropout, san):
+        super().__init__()
+        self.dropout = dropout
+        self.num_turns = san["num_turns"]
+        self.memory_type = san["memory_type"]
+        self.memory_dropout = san["memory_dropout"]
+        self.merge_opt = san["merge_opt"]
+        self.hypothesis_attn = nn.Linear(hidden_size, 1)  # LinearSelfAttn: the initial state
+        self.premise_attn = nn.Linear(hidden_size, hidden_size)  # BilinearFlatSim: x . (W h + b)
+        self.rnn = RNN_CELLS[san["rnn_type"]](hidden_size, hidden_size)
+        self.classifier = nn.Linear(hidden_size * (4 if self.merge_opt == 1 else 2), num_labels)
+
+    def forward(self, sequence_output, premise_mask, hypothesis_mask, output_states=False):
+        x, p, training = sequence_output, self.dropout, self.training
+        memory = variational_dropout(x, p, training)
+        scores = self.hypothesis_attn(memory).squeeze(-1).masked_fill(hypothesis_mask, -math.inf)
+        h = torch.bmm(F.softmax(scores, 1).unsqueeze(1), memory).squeeze(1)
+        initial_state = h
+        c = torch.zeros_like(h) if isinstance(self.rnn, nn.LSTMCell) else None
+        states, attention_scores, summaries, rnn_outputs, turn_logits = [], [], [], [], []
+        for _ in range(self.num_turns):
+            keys = variational_dropout(x, p, training)
+            query = self.premise_attn(F.dropout(h, p, training))
+            att = torch.bmm(keys, query.unsqueeze(2)).squeeze(2).masked_fill(premise_mask, -math.inf)
+            x_sum = torch.bmm(F.softmax(att, 1).unsqueeze(1), x).squeeze(1)
+            merged = torch.cat([x_sum, h, (x_sum - h).abs(), x_sum * h] if self.merge_opt == 1 else [x_sum, h], 1)
+            turn_logits.append(self.classifier(F.dropout(merged, p, training)))
+            states.append(h)
+            attention_scores.append(att)
+            summaries.append(x_sum)
+            h_in = F.dropout(h, p, training)
+            if c is None:
+                h = self.rnn(x_sum, h_in)
+            else:
+                h, c = self.rnn(x_sum, (h_in, c))
+            rnn_outputs.append(h)
+        logits = self._combine_turns(torch.stack(turn_logits, 1))
+        san_states = None
+        if output_states:
+            san_states = MTDNNSANStates(
+                initial_state=initial_state, attention_scores=torch.stack(attention_scores),
+                premise_summaries=torch.stack(summaries), states=torch.stack(states),
+                rnn_outputs=torch.stack(rnn_outputs), turn_logits=torch.stack(turn_logits))
+        return logits, san_states
+
+    def _combine_turns(self, turn_logits):
+        """(B, T, C) turn logits -> the head's output: the last turn's logits (memory_type 0), or the log of the mean
+        over all T turns of the probabilities, whole turns dropped at random per example in training (one turn
+        always kept; the mean still divides by T)."""
+        if self.memory_type == 0:
+            return turn_logits[:, -1]
+        probs = F.softmax(turn_logits, -1)
+        p = self.memory_dropout if self.training else 0.0
+        if p > 0:
+            batch, turns = turn_logits.shape[:2]
+            keep = torch.bernoulli(turn_logits.new_full((batch, turns), 1 - p))
+            keep[torch.arange(batch, device=keep.device), torch.randint(turns, (batch,), device=keep.device)] = 1
+            probs = probs * (keep / (1 - p)).unsqueeze(-1)
+        return probs.mean(1).log()
+
+
+def task_loss(task, logits, labels, group_size):
+    """The original's loss for the task's type: CeCriterion, MseCriterion or RankCeCriterion (over groups of K)."""
+    if task["type"] == "regression":
+        return F.mse_loss(logits.view(-1), labels.view(-1).to(logits.dtype))
+    if task["type"] == "ranking":
+        groups = logits.view(-1, group_size)
+        # one label per row (the group's, repeated, as the original's collater builds them) or one per group
+        targets = labels.view(-1, group_size)[:, 0] if labels.numel() == logits.size(0) else labels.view(-1)
+        return F.cross_entropy(groups, targets)
+    return F.cross_entropy(logits, labels.view(-1))
+
+
+class MTDNNPreTrainedModel(PreTrainedModel):
+    config_class = MTDNNConfig
+    base_model_prefix = "bert"  # a BERT checkpoint loads into the encoder, the heads start fresh
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["BertLayer"]
+    _supports_sdpa = True
+    _supports_attention_backend = True
+    # Trainer: the loss is a batch mean, not normalised across gradient-accumulation steps.
+    accepts_loss_kwargs = False
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=self.config.encoder.initializer_range)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.RNNCellBase):  # torch's own initialisation of recurrent cells
+            bound = 1 / math.sqrt(module.hidden_size)
+            for weight in module.parameters():
+                init.uniform_(weight, -bound, bound)
+
+
+class MTDNNModel(MTDNNPreTrainedModel):
+    """The multi-task model: `forward(..., task=...)` runs the encoder and that task's head.
+
+    Batches hold one task each, as in the original's training (the `task` of a batch may be a name, an index, or a
+    tensor/list of identical ids, e.g. a dataset column collated by Trainer with `remove_unused_columns=False`).
+    """
+
+    def __init__(self, config: MTDNNConfig):
+        super().__init__(config)
+        if not config.tasks:
+            raise ValueError("the MTDNNConfig has no tasks")
+        hidden = config.encoder.hidden_size
+        self.bert = BertModel(config.encoder, add_pooling_layer=False)  # the original's BERT pooler is never read
+        self.heads = nn.ModuleDict({
+            task["name"]: MTDNNSANHead(hidden, task["num_labels"], task["dropout"], task["san"])
+            if task["head"] == "san" else MTDNNLinearHead(hidden, task["num_labels"], task["dropout"])
+            for task in config.tasks
+        })
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.bert.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.bert.embeddings.word_embeddings = value
+
+    def resolve_task(self, task):
+        """A batch's task (name, index, or a tensor/list of one repeated id or name) -> the task's settings."""
+        if task is None:
+            if self.config.default_task is None and len(self.config.tasks) > 1:
+                raise ValueError(f"pass task= (one of {', '.join(self.config.task_names)})")
+            task = self.config.default_task or 0
+        if isinstance(task, torch.Tensor):
+            task = task.unique().tolist() if task.dim() else task.item()
+        if isinstance(task, (list, tuple)):
+            if len(set(task)) != 1:
+                raise ValueError(f"a batch holds one task, this one mixes tasks {sorted(set(task))}")
+            task = task[0]
+        return self.config.task(task)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        attention_mask: torch.LongTensor | None = None,
+        task: str | int | torch.Tensor | None = None,
+        premise_mask: torch.BoolTensor | None = None,
+        hypothesis_mask: torch.BoolTensor | None = None,
+        labels: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        group_size: int | None = None,
+        output_san_states: bool = False,
+        **kwargs,
+    ) -> MTDNNOutput:
+        r"""
+        task (`str`, `int` or `torch.Tensor`): the batch's task, by name or index (see `resolve_task`).
+        premise_mask, hypothesis_mask (`torch.BoolTensor` of shape `(batch_size, sequence_length)`, *optional*): the
+            SAN head's masks, True = excluded, as the original's collater passes them. Built from `token_type_ids` and
+            `attention_mask` when not given. Other heads ignore them.
+        labels (`torch.Tensor`, *optional*): class ids `(B,)`, regression targets `(B,)`, or for ranking the index of
+            the positive candidate, one per row (`(B*K,)`, the original's layout) or one per group (`(B,)`).
+        group_size (`int`, *optional*): candidates per ranking group; the task's `group_size` when unset.
+        output_san_states (`bool`): also return a SAN head's intermediate states.
+        """
+        kwargs.pop("num_items_in_batch", None)
+        spec = self.resolve_task(task)
+        shape = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        if attention_mask is None:
+            attention_mask = torch.ones(shape, dtype=torch.long, device=self.device)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros(shape, dtype=torch.long, device=self.device)
+        for name, mask in (("premise_mask", premise_mask), ("hypothesis_mask", hypothesis_mask)):
+            if mask is not None and (mask.shape != shape or mask.dtype != torch.bool):
+                raise ValueError(f"{name} must be a bool tensor (True = excluded) of the input's shape {tuple(shape)}, "
+                                 f"got {mask.dtype} {tuple(mask.shape)}")
+        encoder_outputs = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                                    position_ids=position_ids, inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
+        sequence_output = encoder_outputs.last_hidden_state
+        head = self.heads[spec["name"]]
+        san_states = None
+        if spec["head"] == "san":
+            derived = premise_hypothesis_masks(token_type_ids, attention_mask)
+            premise_mask = derived[0] if premise_mask is None else premise_mask
+            hypothesis_mask = derived[1] if hypothesis_mask is None else hypothesis_mask
+            empty = premise_mask.all(1) | hypothesis_mask.all(1)
+            if empty.any():
+                raise ValueError(f"task {spec['name']} (SAN head) reads sentence pairs, but row "
+                                 f"{empty.nonzero()[0].item()} has no premise or no hypothesis token (check "
+                                 "token_type_ids, attention_mask and the premise/hypothesis masks)")
+            logits, san_states = head(sequence_output, premise_mask, hypothesis_mask, output_states=output_san_states)
+        else:
+            logits = head(sequence_output)
+
+        group_logits = None
+        if spec["type"] == "ranking":
+            group_size = group_size or spec["group_size"]
+            if logits.size(0) % group_size:
+                raise ValueError(f"ranking task {spec['name']}: {logits.size(0)} rows do not form groups of "
+                                 f"{group_size} candidates")
+            group_logits = logits.view(-1, group_size)
+        loss = task_loss(spec, logits, labels, group_size) if labels is not None else None
+        return MTDNNOutput(loss=loss, logits=logits, group_logits=group_logits,
+                           hidden_states=encoder_outputs.hidden_states, attentions=encoder_outputs.attentions,
+                           san_states=san_states)
+
+
+class MTDNNForSequenceClassification(MTDNNModel):
+    """One task of an MT-DNN model as a plain sequence classifier (pipelines, single-task fine-tuning).
+
+    The task is `config.default_task` (the first task when unset), chosen at load time with
+    `from_pretrained(path, default_task="mnli")`. Every head stays in the model, so a fine-tuned copy still loads as
+    the multi-task `MTDNNModel`. `config.id2label` and `config.problem_type` follow the chosen task (ranking rows get
+    raw scores, like regression).
+    """
+
+    def __init__(self, config: MTDNNConfig):
+        super().__init__(config)
+        spec = config.task(config.default_task if config.default_task is not None else 0)
+        self.task = spec["name"]
+        # the pipeline reads label names and the output function from the config
+        labels = spec["labels"] if spec["type"] == "classification" and spec["labels"] else \
+            [f"LABEL_{i}" for i in range(spec["num_labels"])]
+        config.id2label = dict(enumerate(labels))
+        config.label2id = {label: i for i, label in enumerate(labels)}
+        config.problem_type = "single_label_classification" if spec["type"] == "classification" else "regression"
+
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, position_ids=None,
+                inputs_embeds=None, premise_mask=None, hypothesis_mask=None, **kwargs) -> SequenceClassifierOutput:
+        outputs = super().forward(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+                                  task=self.task, premise_mask=premise_mask, hypothesis_mask=hypothesis_mask,
+                                  labels=labels, position_ids=position_ids, inputs_embeds=inputs_embeds, **kwargs)
+        return SequenceClassifierOutput(loss=outputs.loss, logits=outputs.logits, hidden_states=outputs.hidden_states,
+                                        attentions=outputs.attentions)
+
+
+__all__ = ["MTDNNModel", "MTDNNForSequenceClassification", "MTDNNPreTrainedModel", "MTDNNOutput", "MTDNNSANStates",
+           "MTDNNLinearHead", "MTDNNSANHead", "premise_hypothesis_masks", "task_loss"]
