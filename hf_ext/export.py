@@ -47,17 +47,19 @@ def _some(names, limit=4):
     return ", ".join(names[:limit]) + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
 
 
-def write_model_folder(folder, model_class, config, state_dict, auto_map, processor=None, source="checkpoint"):
+def write_model_folder(folder, model_class, config, state_dict, auto_map=None, processor=None, source="checkpoint"):
     """Write config.json (with `auto_map`), the model code, generation_config.json, model.safetensors and the
-    processor into `folder`. `state_dict` is checked against the model built from `config` first."""
+    processor into `folder`. `state_dict` is checked against the model built from `config` first. With
+    `auto_map=None` (a class transformers itself provides) no code is copied and no auto_map written."""
     folder = Path(folder)
     model = empty_model(model_class, config)
     if config.tie_word_embeddings:  # tied copies are re-tied on load, not stored
         state_dict = {k: v for k, v in state_dict.items() if k not in model.all_tied_weights_keys}
     check_state_dict(model, state_dict, source)
-    # copies the defining files (and their sibling imports) so that trust_remote_code loading works
-    custom_object_save(model, folder, config=config)
-    config.auto_map = dict(auto_map)
+    if auto_map is not None:
+        # copies the defining files (and their sibling imports) so that trust_remote_code loading works
+        custom_object_save(model, folder, config=config)
+        config.auto_map = dict(auto_map)
     config.architectures = [model_class.__name__]
     config.save_pretrained(folder)
     if model.can_generate():
