@@ -1,5 +1,7 @@
-"""`hf-ext optimus ...`: latent-space operations on an Optimus model folder or Hub repo id."""
+"""`hf-ext optimus ...`: latent-space operations, training and evaluation on an Optimus model folder or Hub repo
+id."""
 
+import argparse
 import json
 
 import torch
@@ -38,6 +40,7 @@ def register(commands):
     for name in ("a", "b", "c"):
         parser.add_argument(name, help=f"sentence {name}")
     parser.add_argument("--degree", type=float, default=1.0, help="how far to move (default 1.0)")
+    _register_training_tools(tools)
 
 
 def _latent_space(args):
@@ -85,3 +88,150 @@ def _interpolate(args, space):
 
 def _analogy(args, space):
     print(space.analogy(args.a, args.b, args.c, args.degree))
+
+
+# ----- training and evaluation --------------------------------------------------------------------------------------
+
+def _register_training_tools(tools):
+    # the training modules (transformers.Trainer) are imported only when a tool runs, to keep `hf-ext` quick to start
+    def model_tool(name, help_text, handler):
+        parser = tools.add_parser(name, help=help_text, description=help_text)
+        parser.add_argument("model", help="model folder or Hub repo id")
+        parser.add_argument("--batch-size", type=int, default=8, help="sentences per batch (default 8)")
+        parser.add_argument("--max-length", type=int,
+                            help="truncate each side to this many tokens (default: what the model's positions allow)")
+        parser.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
+        parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
+        parser.set_defaults(handler=handler)
+        return parser
+
+    parser = model_tool("train", "fine-tune an Optimus VAE on a text file (one sentence per line) with the "
+                        "original's cyclical KL schedule; saves the model and processor", _train)
+    parser.add_argument("--train-file", required=True, help="text file, one sentence per line")
+    parser.add_argument("--output-dir", required=True, help="folder for the trained model (written atomically)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
+    parser.add_argument("--max-steps", type=int, default=1000, help="optimizer steps (default 1000)")
+    parser.add_argument("--learning-rate", type=float, default=5e-5, help="peak learning rate (default 5e-5)")
+    parser.add_argument("--beta", type=float, help="maximum KL weight (default: the model's config.beta)")
+    parser.add_argument("--n-cycles", type=int, default=1, help="cycles of the KL schedule (default 1)")
+    parser.add_argument("--ratio-zero", type=float,
+                        help="share of each cycle with beta 0 (default: the original's training default, 0.25)")
+    parser.add_argument("--ratio-increase", type=float,
+                        help="share of each cycle ramping beta up (default: the original's training default, 0.25)")
+    parser.add_argument("--dim-target-kl", type=float, help="free-bits threshold per latent dimension (fb-mode 1)")
+    parser.add_argument("--fb-mode", type=int, help="KL mode: 0 plain, 1 per-dimension threshold, 2 deterministic")
+    parser.add_argument("--length-weighted-loss", action=argparse.BooleanOptionalAction,
+                        help="divide each reconstruction loss by the sentence length (default: the model's setting)")
+    parser.add_argument("--logging-steps", type=int, default=50, help="steps per logged average (default 50)")
+    parser.add_argument("--plot", action="store_true", help="also write training_curves.png (needs matplotlib)")
+
+    parser = model_tool("evaluate", "the paper's language-modelling metrics on a text file, as JSON: perplexity "
+                        "(importance-weighted), -ELBO, KL, mutual information, active units", _evaluate)
+    parser.add_argument("--eval-file", required=True, help="text file, one sentence per line")
+    parser.add_argument("--num-samples", type=int, default=100,
+                        help="posterior samples of the importance-weighted likelihood (default 100)")
+    parser.add_argument("--samples-per-pass", type=int, default=5, help="samples decoded at once (default 5)")
+    parser.add_argument("--au-threshold", type=float, default=0.01,
+                        help="posterior-mean variance that makes a latent dimension active (default 0.01)")
+
+
+def _require(condition, message):
+    from ..errors import HfExtError
+
+    if not condition:
+        raise HfExtError(message)
+
+
+def _check_common_arguments(args):
+    _require(args.batch_size >= 1, "--batch-size must be at least 1")
+    _require(args.max_length is None or args.max_length >= 3, "--max-length must be at least 3 (<BOS>, a token, <EOS>)")
+
+
+def _load_optimus(args):
+    from transformers import AutoModel, AutoProcessor
+
+    from ..errors import HfExtError
+
+    trust = args.trust_remote_code or None
+    try:
+        model = AutoModel.from_pretrained(args.model, trust_remote_code=trust)
+        processor = AutoProcessor.from_pretrained(args.model, trust_remote_code=trust)
+    except OSError as error:
+        raise HfExtError(f"cannot load an Optimus model from {args.model}: {str(error).splitlines()[0]}") from None
+    if model.config.model_type != "optimus":
+        raise HfExtError(f"{args.model} holds a {model.config.model_type!r} model, not an Optimus model")
+    return model, processor
+
+
+def _max_length(args, config):
+    # the decoder's latent memory takes position slot 0, so a sentence may use n_positions - 1 of them
+    limit = min(config.encoder.max_position_embeddings, config.decoder.n_positions - 1)
+    _require(args.max_length is None or args.max_length <= limit,
+             f"--max-length {args.max_length} exceeds what the model's positions allow ({limit})")
+    return args.max_length or limit
+
+
+def _train(args):
+    from tempfile import TemporaryDirectory
+
+    from ..output import atomic_output_dir, check_output_dir
+    from ..training import finetune_optimus, load_text_dataset, plot_training_curves, require_matplotlib
+    from ..training.optimus import DEFAULT_RATIO_INCREASE, DEFAULT_RATIO_ZERO
+
+    _check_common_arguments(args)
+    _require(args.max_steps >= 1, "--max-steps must be at least 1")
+    _require(args.learning_rate > 0, "--learning-rate must be positive")
+    _require(args.logging_steps >= 1, "--logging-steps must be at least 1")
+    _require(args.beta is None or args.beta >= 0, "--beta must be >= 0")
+    _require(args.n_cycles >= 1, "--n-cycles must be at least 1")
+    ratio_zero = DEFAULT_RATIO_ZERO if args.ratio_zero is None else args.ratio_zero
+    ratio_increase = DEFAULT_RATIO_INCREASE if args.ratio_increase is None else args.ratio_increase
+    _require(0 <= ratio_zero < 1, "--ratio-zero must be in [0, 1)")
+    _require(0 < ratio_increase <= 1, "--ratio-increase must be in (0, 1]")
+    _require(args.dim_target_kl is None or args.dim_target_kl >= 0, "--dim-target-kl must be >= 0")
+    _require(args.fb_mode in (None, 0, 1, 2), "--fb-mode must be 0, 1 or 2")
+    check_output_dir(args.output_dir, args.overwrite)
+    if args.plot:
+        require_matplotlib()
+    dataset = load_text_dataset(args.train_file)
+    model, processor = _load_optimus(args)
+    config = model.config
+    for name in ("beta", "dim_target_kl", "fb_mode", "length_weighted_loss"):
+        if getattr(args, name) is not None:
+            setattr(config, name, getattr(args, name))
+    model.beta = config.beta
+
+    with atomic_output_dir(args.output_dir, args.overwrite) as staging, TemporaryDirectory() as scratch:
+        trainer = finetune_optimus(
+            model, processor, dataset, scratch, max_steps=args.max_steps, batch_size=args.batch_size,
+            learning_rate=args.learning_rate, n_cycles=args.n_cycles, ratio_zero=ratio_zero,
+            ratio_increase=ratio_increase, logging_steps=args.logging_steps, seed=args.seed,
+            max_length=_max_length(args, config), log_to_stderr=True, disable_tqdm=True,
+        )
+        model.save_pretrained(staging)
+        processor.save_pretrained(staging)
+        (staging / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
+        if args.plot:
+            plot_training_curves(trainer.state.log_history, staging / "training_curves.png",
+                                 title=f"Optimus fine-tuning on {args.train_file}")
+    print(json.dumps({"output_dir": str(args.output_dir), "steps": trainer.state.global_step,
+                      "train_loss": trainer.state.log_history[-1].get("train_loss")}))
+
+
+def _evaluate(args):
+    from ..metrics.optimus import evaluate_optimus_lm
+    from ..training import load_text_dataset
+
+    _check_common_arguments(args)
+    _require(args.num_samples >= 1, "--num-samples must be at least 1")
+    _require(args.samples_per_pass >= 1 and args.num_samples % args.samples_per_pass == 0,
+             "--num-samples must be a multiple of --samples-per-pass")
+    _require(args.au_threshold >= 0, "--au-threshold must be >= 0")
+    texts = load_text_dataset(args.eval_file)["text"]
+    _require(len(texts) >= 2, f"{args.eval_file} needs at least 2 sentences (active units use a variance)")
+    model, processor = _load_optimus(args)
+    metrics = evaluate_optimus_lm(model, processor, texts, au_threshold=args.au_threshold,
+                                  batch_size=args.batch_size, num_samples=args.num_samples,
+                                  samples_per_pass=args.samples_per_pass, max_length=_max_length(args, model.config),
+                                  generator=torch.Generator(device=model.device).manual_seed(args.seed))
+    print(json.dumps(metrics))

@@ -1,0 +1,26 @@
+"""Training and evaluation on top of transformers' `Trainer`, `datasets`, `evaluate` and PEFT."""
+
+from .optimus import (
+    DECODER_LORA_TARGETS,
+    ENCODER_LORA_TARGETS,
+    LATENT_MODULES,
+    BetaScheduleCallback,
+    OptimusDataCollator,
+    OptimusTrainer,
+    StderrLogCallback,
+    finetune_optimus,
+    frange_cycle_linear,
+    frange_cycle_zero_linear,
+    load_optimus_lora,
+    load_text_dataset,
+    optimus_core,
+    optimus_lora,
+)
+from .plots import curves_from_log_history, plot_interpolation_table, plot_training_curves, require_matplotlib
+from ..metrics.optimus import evaluate_optimus_lm, optimus_lm_statistics
+
+__all__ = ["BetaScheduleCallback", "DECODER_LORA_TARGETS", "ENCODER_LORA_TARGETS", "LATENT_MODULES",
+           "OptimusDataCollator", "OptimusTrainer", "StderrLogCallback", "curves_from_log_history",
+           "evaluate_optimus_lm", "finetune_optimus", "frange_cycle_linear", "frange_cycle_zero_linear", "load_optimus_lora",
+           "load_text_dataset", "optimus_core", "optimus_lm_statistics", "optimus_lora", "plot_interpolation_table",
+           "plot_training_curves", "require_matplotlib"]
