@@ -3,7 +3,8 @@
 Importing the package registers every model with `AutoConfig`, the fitting `AutoModel*` classes and `AutoProcessor`.
 """
 
-from .models import optimus
+from .models import mtdnn, optimus, universal_transformer
+from .models.mtdnn import MTDNNConfig, MTDNNForSequenceClassification, MTDNNModel
 from .models.optimus import (
     OptimusConfig,
     OptimusForSequenceClassification,
@@ -11,9 +12,30 @@ from .models.optimus import (
     OptimusModel,
     OptimusProcessor,
 )
+from .models.universal_transformer import (
+    UniversalTransformerConfig,
+    UniversalTransformerForSeq2SeqLM,
+    UniversalTransformerForSequenceClassification,
+    UniversalTransformerModel,
+)
 
-optimus.register()
+for _model in (optimus, universal_transformer, mtdnn):
+    _model.register()
 
 __version__ = "0.1.0"
 
-__all__ = ["OptimusConfig", "OptimusForSequenceClassification", "OptimusLatentSpace", "OptimusModel", "OptimusProcessor", "__version__"]
+__all__ = [
+    "MTDNNConfig",
+    "MTDNNForSequenceClassification",
+    "MTDNNModel",
+    "OptimusConfig",
+    "OptimusForSequenceClassification",
+    "OptimusLatentSpace",
+    "OptimusModel",
+    "OptimusProcessor",
+    "UniversalTransformerConfig",
+    "UniversalTransformerForSeq2SeqLM",
+    "UniversalTransformerForSequenceClassification",
+    "UniversalTransformerModel",
+    "__version__",
+]

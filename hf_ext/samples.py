@@ -70,9 +70,12 @@ def tiny_config(encoder_vocab_size, decoder_base_vocab_size, latent_size=16, hid
 
 
 def random_model(config, seed=0, scale=0.2):
-    """An `OptimusModel` whose every parameter is random (LayerNorms and biases too, so parity checks see them)."""
+    """An `OptimusModel` whose every parameter is random (LayerNorms and biases too, so parity checks see them);
+    with `scale=None`, the model's own initialisation (a better start for training)."""
     torch.manual_seed(seed)
     model = OptimusModel(config)
+    if scale is None:
+        return model.eval()
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -157,7 +160,7 @@ def _original_gpt2_config(config):
 
 
 def write_sample_checkpoint(root, seed=0, latent_size=16, hidden_size=64, num_layers=2, num_heads=4, step=1,
-                            **config_overrides):
+                            weight_scale=0.2, **config_overrides):
     """A complete original-format Optimus output folder with tokenizers trained on the bundled sentences."""
     sentences = bundled_sentences()
     with tempfile.TemporaryDirectory() as tmp:
@@ -167,7 +170,7 @@ def write_sample_checkpoint(root, seed=0, latent_size=16, hidden_size=64, num_la
         encoder_vocab = len((tok_dir / "encoder" / "vocab.txt").read_text(encoding="utf-8").splitlines())
         config = tiny_config(encoder_vocab, base_vocab, latent_size=latent_size, hidden_size=hidden_size,
                              num_layers=num_layers, num_heads=num_heads, **config_overrides)
-        model = random_model(config, seed=seed)
+        model = random_model(config, seed=seed, scale=weight_scale)
         write_original_checkpoint(root, model, step=step,
                                   tokenizer_dirs=(tok_dir / "encoder", tok_dir / "decoder"))
     return model

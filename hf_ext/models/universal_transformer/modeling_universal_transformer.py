@@ -1,0 +1,636 @@
+"""Universal Transformer (Dehghani et al., ICLR 2019) with Adaptive Computation Time, as tensor2tensor implements it.
+
+One pre-norm layer (self-attention, in the decoder encoder-decoder attention, a transition function) is applied over
+depth. Before every step the position sinusoid and the step signal are added to the running state. Without ACT the
+loop takes `num_steps` steps. With ACT (t2t's `universal_transformer_act`, act_type "basic") every position carries a
+halting probability computed from the state after the signals are added; a position halts when it would pass
+`act_threshold`, receives the remainder R = 1 - (its summed probabilities) as the weight of its last step, and the
+output is the running mix of the transformed states weighted by those probabilities. There is no forced halt at the
+last step. The bookkeeping (halting probability, remainders, number of updates N) is kept in float32 (or the model's
+dtype where wider). The ponder cost mean(N + R) over non-padding positions is returned and, times `act_loss_weight`,
+added to the training loss with its gradient (which reaches the halting unit through R).
+
+The loop stops as soon as every position has halted. With `act_halted_state="frozen"` a halted position is not
+transformed again: later steps project it to keys and values (and, for convolutional transitions, read it as a
+neighbour) but compute queries, attention output and transition only for the positions still running.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.generation import GenerationMixin
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.bart.modeling_bart import shift_tokens_right
+from transformers.models.bert.modeling_bert import eager_attention_forward
+from transformers.utils import ModelOutput
+from transformers.utils.generic import can_return_tuple
+
+from .configuration_universal_transformer import UniversalTransformerConfig
+
+
+@dataclass
+class UniversalTransformerModelOutput(ModelOutput):
+    r"""
+    last_hidden_state (`torch.FloatTensor` of shape `(batch_size, sequence_length, hidden_size)`): the encoder output
+        (with ACT the weighted mix of the step outputs), after the final layer norm when the config has one.
+    n_updates (`torch.FloatTensor` of shape `(batch_size, sequence_length)`): with ACT, the number of steps each
+        position took (N); 0 at padding positions.
+    remainders (`torch.FloatTensor` of shape `(batch_size, sequence_length)`): with ACT, the weight R of each
+        position's halting step; 0 for positions that never halted and at padding positions.
+    ponder_cost (`torch.FloatTensor` of shape `()`): with ACT, mean(N + R) over non-padding positions, differentiable.
+    hidden_states (`tuple(torch.FloatTensor)`): with `output_hidden_states`, the state entering the loop and the state
+        after every step taken.
+    """
+
+    last_hidden_state: torch.FloatTensor | None = None
+    n_updates: torch.FloatTensor | None = None
+    remainders: torch.FloatTensor | None = None
+    ponder_cost: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class UniversalTransformerSequenceClassifierOutput(ModelOutput):
+    r"""
+    loss (`torch.FloatTensor` of shape `()`): classification loss plus `act_loss_weight` x `ponder_cost`.
+    logits (`torch.FloatTensor` of shape `(batch_size, num_labels)`).
+    ponder_cost, n_updates, remainders, hidden_states: the encoder's, see `UniversalTransformerModelOutput`.
+    """
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    ponder_cost: torch.FloatTensor | None = None
+    n_updates: torch.FloatTensor | None = None
+    remainders: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class UniversalTransformerSeq2SeqLMOutput(ModelOutput):
+    r"""
+    loss (`torch.FloatTensor` of shape `()`): token cross-entropy (label-smoothed by `config.label_smoothing`) plus
+        `act_loss_weight` x `ponder_cost`.
+    logits (`torch.FloatTensor` of shape `(batch_size, target_length, vocab_size)`).
+    ponder_cost (`torch.FloatTensor` of shape `()`): encoder plus decoder ponder cost (tensor2tensor's act loss before
+        weighting).
+    decoder_* / encoder_*: each side's `UniversalTransformerModelOutput` fields.
+    """
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    ponder_cost: torch.FloatTensor | None = None
+    decoder_n_updates: torch.FloatTensor | None = None
+    decoder_remainders: torch.FloatTensor | None = None
+    decoder_ponder_cost: torch.FloatTensor | None = None
+    decoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    encoder_last_hidden_state: torch.FloatTensor | None = None
+    encoder_n_updates: torch.FloatTensor | None = None
+    encoder_remainders: torch.FloatTensor | None = None
+    encoder_ponder_cost: torch.FloatTensor | None = None
+    encoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
+
+
+def timing_signal(length, channels, device=None, dtype=torch.float32):
+    """tensor2tensor's sinusoid `[length, channels]`: `[sin(pos * inv) | cos(pos * inv)]` with
+    `inv_i = exp(-i ln(1e4) / max(n - 1, 1))`, n = channels // 2 (halves concatenated, zero-padded if odd)."""
+    num_timescales = channels // 2
+    increment = math.log(1.0e4) / max(num_timescales - 1, 1)
+    inverse = torch.exp(torch.arange(num_timescales, dtype=torch.float64) * -increment)
+    scaled = torch.arange(length, dtype=torch.float64).unsqueeze(1) * inverse.unsqueeze(0)
+    signal = torch.cat([torch.sin(scaled), torch.cos(scaled), scaled.new_zeros(length, channels % 2)], dim=1)
+    return signal.to(device=device, dtype=dtype)
+
+
+def at_least_float32(dtype):
+    """The dtype for ACT bookkeeping and losses: float32, or wider if the model is."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def attention_bias(attention_mask, length, causal, dtype, device):
+    """Additive mask `[batch or 1, 1, length or 1, length]`: 0 where a query may attend, the dtype's minimum elsewhere
+    (a fully masked row then attends uniformly instead of producing NaN); None when nothing is masked."""
+    allowed = None
+    if attention_mask is not None and not bool(attention_mask.all()):
+        allowed = attention_mask.to(device=device, dtype=torch.bool)[:, None, None, :]
+    if causal:
+        lower = torch.ones(length, length, dtype=torch.bool, device=device).tril()[None, None]
+        allowed = lower if allowed is None else allowed & lower
+    if allowed is None:
+        return None
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def running_positions(running):
+    """`[batch, R]` indices of the running positions of each row (in order; rows with fewer are filled up with
+    other, distinct positions) and the `[batch, R]` mask of the slots that hold a running position."""
+    counts = running.sum(dim=1)
+    width = int(counts.max())
+    order = torch.argsort((~running).to(torch.int8), dim=1, stable=True)
+    index = order[:, :width]
+    valid = torch.arange(width, device=running.device).unsqueeze(0) < counts.unsqueeze(1)
+    return index, valid
+
+
+def gather_positions(values, index):
+    """`values[b, index[b, r]]` for `[batch, length, ...]` values."""
+    shape = index.shape + values.shape[2:]
+    return values.gather(1, index.view(*index.shape, *([1] * (values.dim() - 2))).expand(shape))
+
+
+def scatter_positions(base, index, valid, values):
+    """`base` with the valid slots of `values` written at their positions (differentiable)."""
+    values = torch.where(valid.unsqueeze(-1), values, gather_positions(base, index))
+    return base.scatter(1, index.unsqueeze(-1).expand(values.shape), values)
+
+
+class UniversalTransformerLayerNorm(nn.Module):
+    """tensor2tensor's layer norm (biased variance inside the square root), or the PyTorch re-implementation's
+    `weight * (x - mean) / (unbiased std + eps) + bias`."""
+
+    def __init__(self, size, eps, unbiased_std):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.bias = nn.Parameter(torch.zeros(size))
+        self.eps = eps
+        self.unbiased_std = unbiased_std
+
+    def forward(self, hidden):
+        if self.unbiased_std:
+            mean = hidden.mean(-1, keepdim=True)
+            return self.weight * (hidden - mean) / (hidden.std(-1, keepdim=True) + self.eps) + self.bias
+        return F.layer_norm(hidden, self.weight.shape, self.weight, self.bias, self.eps)
+
+
+def layer_norm(config):
+    return UniversalTransformerLayerNorm(config.hidden_size, config.layer_norm_eps,
+                                         config.layer_norm_type == "unbiased_std")
+
+
+class UniversalTransformerAttention(nn.Module):
+    """Multi-head attention without biases (tensor2tensor's `multihead_attention`); key/query and value widths may
+    differ from the hidden size. Keys and values are projected separately from queries, so that they can be computed
+    once for positions that are only read."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.num_heads = config.num_attention_heads
+        self.key_head_dim = config.attention_key_depth // self.num_heads
+        self.value_head_dim = config.attention_value_depth // self.num_heads
+        self.scaling = self.key_head_dim**-0.5
+        self.is_causal = False  # masks are always given explicitly
+        self.q_proj = nn.Linear(config.hidden_size, config.attention_key_depth, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, config.attention_key_depth, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, config.attention_value_depth, bias=False)
+        self.o_proj = nn.Linear(config.attention_value_depth, config.hidden_size, bias=False)
+
+    def _heads(self, states, head_dim):
+        return states.view(*states.shape[:2], self.num_heads, head_dim).transpose(1, 2)
+
+    def project_key_value(self, states):
+        """`[batch, length, hidden]` -> keys and values `[batch, heads, length, head_dim]`."""
+        key = self._heads(self.k_proj(states), self.key_head_dim)
+        return key, self._heads(self.v_proj(states), self.value_head_dim)
+
+    def forward(self, queries, key, value, attention_bias=None):
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        output, _ = attention(self, self._heads(self.q_proj(queries), self.key_head_dim), key, value, attention_bias,
+                              scaling=self.scaling, dropout=self.config.attention_dropout if self.training else 0.0)
+        return self.o_proj(output.reshape(*queries.shape[:2], -1))
+
+
+def padded_conv(conv, hidden, causal):
+    """Apply a `Conv1d` along the sequence of `[batch, length, channels]`: SAME padding, or LEFT (causal)."""
+    width = conv.kernel_size[0]
+    padding = (width - 1, 0) if causal else (width // 2, (width - 1) // 2)
+    return conv(F.pad(hidden.transpose(1, 2), padding)).transpose(1, 2)
+
+
+def zero_padding(hidden, nonpadding):
+    """Padding positions must not leak into convolutions (t2t's `maybe_zero_out_padding`)."""
+    return hidden if nonpadding is None else hidden * nonpadding
+
+
+class UniversalTransformerDenseTransition(nn.Module):
+    """t2t's "fc" transition: dense + ReLU -> dense, both biased."""
+
+    position_wise = True
+
+    def __init__(self, config, causal):
+        super().__init__()
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.relu_dropout)
+
+    def forward(self, hidden, nonpadding=None):
+        return self.fc2(self.dropout(F.relu(self.fc1(hidden))))
+
+
+class UniversalTransformerSepConvTransition(nn.Module):
+    """t2t's "sepconv" transition: separable conv (kernel 3) + ReLU -> separable conv (kernel 5). A separable conv is
+    a bias-free depthwise conv followed by a biased pointwise (1x1) conv."""
+
+    position_wise = False
+
+    def __init__(self, config, causal):
+        super().__init__()
+        hidden, inner = config.hidden_size, config.intermediate_size
+        self.causal = causal
+        self.depthwise1 = nn.Conv1d(hidden, hidden, 3, groups=hidden, bias=False)
+        self.pointwise1 = nn.Linear(hidden, inner)
+        self.depthwise2 = nn.Conv1d(inner, inner, 5, groups=inner, bias=False)
+        self.pointwise2 = nn.Linear(inner, hidden)
+        self.dropout = nn.Dropout(config.relu_dropout)
+
+    def forward(self, hidden, nonpadding=None):
+        hidden = padded_conv(self.depthwise1, zero_padding(hidden, nonpadding), self.causal)
+        hidden = self.dropout(F.relu(self.pointwise1(hidden)))
+        return self.pointwise2(padded_conv(self.depthwise2, zero_padding(hidden, nonpadding), self.causal))
+
+
+class UniversalTransformerConvTransition(nn.Module):
+    """The PyTorch re-implementation's transition: conv (kernel 3) + ReLU -> conv (kernel 3) + ReLU, dropout after
+    each ReLU. The trailing ReLU is that code's (a bug there, kept for parity)."""
+
+    position_wise = False
+
+    def __init__(self, config, causal):
+        super().__init__()
+        self.causal = causal
+        self.conv1 = nn.Conv1d(config.hidden_size, config.intermediate_size, 3)
+        self.conv2 = nn.Conv1d(config.intermediate_size, config.hidden_size, 3)
+        self.dropout = nn.Dropout(config.relu_dropout)
+
+    def forward(self, hidden, nonpadding=None):
+        hidden = self.dropout(F.relu(padded_conv(self.conv1, zero_padding(hidden, nonpadding), self.causal)))
+        return self.dropout(F.relu(padded_conv(self.conv2, zero_padding(hidden, nonpadding), self.causal)))
+
+
+TRANSITION_CLASSES = {
+    "fc": UniversalTransformerDenseTransition,
+    "sepconv": UniversalTransformerSepConvTransition,
+    "conv": UniversalTransformerConvTransition,
+}
+
+
+class UniversalTransformerLayer(nn.Module):
+    """The shared pre-norm layer: `x + dropout(attention(LN(x)))` [then the same with encoder-decoder attention],
+    then `x + dropout(transition(LN(x)))`."""
+
+    def __init__(self, config, is_decoder):
+        super().__init__()
+        self.self_attn_layer_norm = layer_norm(config)
+        self.self_attn = UniversalTransformerAttention(config)
+        if is_decoder:
+            self.cross_attn_layer_norm = layer_norm(config)
+            self.cross_attn = UniversalTransformerAttention(config)
+        self.transition_layer_norm = layer_norm(config)
+        self.transition = TRANSITION_CLASSES[config.transition](config, causal=is_decoder)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, states, self_attention_bias=None, running=None, nonpadding=None, cross_key_value=None,
+                cross_attention_bias=None):
+        """Transform `[batch, length, hidden]` step inputs. With a `running` mask only those positions are
+        transformed; every position is still read as key and value, and the others come back unchanged."""
+        normed = self.self_attn_layer_norm(states)
+        key, value = self.self_attn.project_key_value(normed)
+        index = valid = None
+        hidden, queries, bias = states, normed, self_attention_bias
+        if running is not None:
+            index, valid = running_positions(running)
+            hidden, queries = gather_positions(states, index), gather_positions(normed, index)
+            if bias is not None and bias.shape[2] > 1:  # per-query rows (causal): keep the running queries' rows
+                bias = bias.expand(states.shape[0], -1, -1, -1)
+                bias = bias.gather(2, index[:, None, :, None].expand(-1, 1, -1, bias.shape[-1]))
+        hidden = hidden + self.dropout(self.self_attn(queries, key, value, bias))
+        if cross_key_value is not None:
+            hidden = hidden + self.dropout(
+                self.cross_attn(self.cross_attn_layer_norm(hidden), *cross_key_value, cross_attention_bias))
+        if index is not None and not self.transition.position_wise:
+            # a convolution reads neighbours: positions not transformed pass their step input through unchanged
+            hidden, index = scatter_positions(states, index, valid, hidden), None
+        hidden = hidden + self.dropout(self.transition(self.transition_layer_norm(hidden), nonpadding))
+        return hidden if index is None else scatter_positions(states, index, valid, hidden)
+
+
+class UniversalTransformerStack(nn.Module):
+    """One side (encoder or decoder): embedding lookup, input dropout, the optional embedding projection, the shared
+    layer applied over depth (fixed steps or ACT) and the final layer norm."""
+
+    main_input_name = "input_ids"  # generate() calls the encoder side directly
+
+    def __init__(self, config, is_decoder, embed_tokens):
+        super().__init__()
+        self.config = config
+        self.is_decoder = is_decoder
+        self.embed_tokens = embed_tokens
+        self.embed_scale = math.sqrt(config.embedding_size) if config.scale_embeddings else 1.0
+        self.dropout = nn.Dropout(config.input_dropout)
+        self.embedding_proj = (nn.Linear(config.embedding_size, config.hidden_size, bias=False)
+                               if config.project_embeddings else None)
+        self.layer = UniversalTransformerLayer(config, is_decoder)
+        self.halting = nn.Linear(config.hidden_size, 1) if config.use_act else None
+        self.step_embeddings = (nn.Parameter(torch.empty(config.num_step_signals, config.hidden_size))
+                                if config.step_signal == "learned" else None)
+        self.final_layer_norm = layer_norm(config) if config.final_layer_norm else None
+
+    def embed(self, input_ids):
+        """Scaled token embeddings; padding tokens embed to zero (t2t's symbol bottom)."""
+        embeds = self.embed_tokens(input_ids) * self.embed_scale
+        if self.config.pad_token_id is not None:
+            embeds = embeds * (input_ids != self.config.pad_token_id).unsqueeze(-1).to(embeds.dtype)
+        return embeds
+
+    def step_signals(self, device, dtype):
+        """`[num_step_signals, hidden]`: the signal added before each step."""
+        config = self.config
+        if config.step_signal == "learned":
+            return (self.step_embeddings * math.sqrt(config.hidden_size)).to(dtype)
+        if config.step_signal == "sinusoid":
+            return timing_signal(config.num_step_signals, config.hidden_size, device, dtype)
+        return torch.zeros(config.num_step_signals, config.hidden_size, device=device, dtype=dtype)
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, encoder_hidden_states=None,
+                encoder_attention_mask=None, output_hidden_states=None, **kwargs) -> UniversalTransformerModelOutput:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("give exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed(input_ids)
+        state = self.dropout(inputs_embeds)
+        if self.embedding_proj is not None:
+            state = self.embedding_proj(state)
+        length, dtype, device = state.shape[1], state.dtype, state.device
+        nonpadding = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            nonpadding = attention_mask.to(device=device, dtype=torch.bool)
+        self_bias = attention_bias(attention_mask, length, self.is_decoder, dtype, device)
+        cross = {}
+        if self.is_decoder:
+            if encoder_hidden_states is None:
+                raise ValueError("the decoder needs encoder_hidden_states")
+            cross = {"cross_key_value": self.layer.cross_attn.project_key_value(encoder_hidden_states),
+                     "cross_attention_bias": attention_bias(encoder_attention_mask, encoder_hidden_states.shape[1],
+                                                            False, dtype, device)}
+        conv_mask = nonpadding.unsqueeze(-1).to(dtype) if nonpadding is not None else None
+
+        def transform(step_input, running=None):
+            return self.layer(step_input, self_bias, running=running, nonpadding=conv_mask, **cross)
+
+        position = timing_signal(length, self.config.hidden_size, device, dtype)
+        steps = self.step_signals(device, dtype)
+        hidden_states = (state,) if output_hidden_states else None
+        n_updates = remainders = ponder_cost = None
+        if self.config.use_act:
+            output, n_updates, remainders, hidden_states = self._adaptive_steps(
+                state, position, steps, transform, nonpadding, hidden_states)
+            counted = nonpadding.to(n_updates.dtype) if nonpadding is not None else torch.ones_like(n_updates)
+            ponder_cost = ((n_updates + remainders) * counted).sum() / counted.sum().clamp(min=1.0)
+        else:
+            for step in range(self.config.num_steps):
+                state = transform(state + position + steps[step])
+                if hidden_states is not None:
+                    hidden_states += (state,)
+            output = state
+        if self.final_layer_norm is not None:
+            output = self.final_layer_norm(output)
+        return UniversalTransformerModelOutput(last_hidden_state=output, n_updates=n_updates, remainders=remainders,
+                                               ponder_cost=ponder_cost, hidden_states=hidden_states)
+
+    def _adaptive_steps(self, state, position, steps, transform, nonpadding, hidden_states):
+        """tensor2tensor's ACT loop; returns the mixed state, n_updates, remainders and the per-step states."""
+        config = self.config
+        threshold, max_steps = config.act_threshold, config.act_max_steps
+        frozen = config.act_halted_state == "frozen"
+        shape = state.shape[:2]
+        halting_probability = torch.zeros(shape, dtype=at_least_float32(state.dtype), device=state.device)
+        if nonpadding is not None:  # padding counts as halted from the start: no steps, no cost, no hold on the loop
+            halting_probability = halting_probability.masked_fill(~nonpadding, 1.0)
+        remainders = torch.zeros_like(halting_probability)
+        n_updates = torch.zeros_like(halting_probability)
+        mixed = torch.zeros_like(state)
+        for step in range(max_steps):
+            if not bool(((halting_probability < threshold) & (n_updates < max_steps)).any()):
+                break
+            step_input = state + position + steps[step]
+            p = torch.sigmoid(self.halting(step_input).squeeze(-1).to(halting_probability.dtype))
+            running = halting_probability < 1.0
+            still_running = running.to(p.dtype)
+            new_halted = (halting_probability + p * still_running > threshold).to(p.dtype) * still_running
+            still_running = (halting_probability + p * still_running <= threshold).to(p.dtype) * still_running
+            halting_probability = halting_probability + p * still_running
+            remainders = remainders + new_halted * (1 - halting_probability)
+            halting_probability = halting_probability + new_halted * remainders
+            n_updates = n_updates + still_running + new_halted
+            update_weights = (p * still_running + new_halted * remainders).unsqueeze(-1).to(state.dtype)
+            if frozen and not bool(running.all()):
+                state = torch.where(running.unsqueeze(-1), transform(step_input, running), state)
+            else:
+                state = transform(step_input)
+            mixed = state * update_weights + mixed * (1 - update_weights)
+            if hidden_states is not None:
+                hidden_states += (state,)
+        return mixed, n_updates, remainders, hidden_states
+
+
+class UniversalTransformerPreTrainedModel(PreTrainedModel):
+    config_class = UniversalTransformerConfig
+    base_model_prefix = "universal_transformer"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = False  # the ACT loop's length depends on the data
+    _no_split_modules = ["UniversalTransformerStack"]
+    _supports_sdpa = True
+    _supports_attention_backend = True
+    # Trainer: the loss is a batch mean, not normalised across gradient-accumulation steps.
+    accepts_loss_kwargs = False
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        config = self.config
+        if isinstance(module, (nn.Linear, nn.Conv1d)):
+            # t2t's uniform_unit_scaling: U(-a, a) with a = sqrt(3 gain / fan_in)
+            limit = math.sqrt(3.0 * config.initializer_gain / module.weight[0].numel())
+            init.uniform_(module.weight, -limit, limit)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=config.hidden_size**-0.5)
+        elif isinstance(module, UniversalTransformerLayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, UniversalTransformerStack):
+            if module.halting is not None:
+                init.constant_(module.halting.bias, config.act_halting_bias_init)
+            if module.step_embeddings is not None:
+                init.normal_(module.step_embeddings, mean=0.0, std=config.hidden_size**-0.5)
+
+
+class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
+    """The Universal Transformer encoder. Takes `input_ids` or `inputs_embeds` (used as given: not scaled) and an
+    optional `attention_mask` (1 = token, 0 = padding)."""
+
+    def __init__(self, config: UniversalTransformerConfig):
+        super().__init__(config)
+        self.encoder = UniversalTransformerStack(config, False, nn.Embedding(config.vocab_size, config.embedding_size))
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.encoder.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.encoder.embed_tokens = value
+
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, output_hidden_states=None,
+                **kwargs) -> UniversalTransformerModelOutput:
+        return self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                            output_hidden_states=output_hidden_states)
+
+
+def act_loss(config, *ponder_costs):
+    """`act_loss_weight` x the summed ponder costs (0 without ACT)."""
+    costs = [cost for cost in ponder_costs if cost is not None]
+    return config.act_loss_weight * sum(costs) if costs else 0.0
+
+
+class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrainedModel):
+    """Encoder, pooling (`config.classifier_pooling`: mean over tokens or first position), dropout, linear classifier.
+    The loss is cross-entropy (mean squared error when `num_labels == 1`) plus `act_loss_weight` x ponder cost."""
+
+    def __init__(self, config: UniversalTransformerConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.universal_transformer = UniversalTransformerModel(config)
+        dropout = config.classifier_dropout
+        self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.universal_transformer.get_input_embeddings()
+
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None, output_hidden_states=None,
+                **kwargs) -> UniversalTransformerSequenceClassifierOutput:
+        outputs = self.universal_transformer(input_ids=input_ids, attention_mask=attention_mask,
+                                             inputs_embeds=inputs_embeds, output_hidden_states=output_hidden_states)
+        hidden = outputs.last_hidden_state
+        if self.config.classifier_pooling == "first":
+            pooled = hidden[:, 0]
+        elif attention_mask is None:
+            pooled = hidden.mean(dim=1)
+        else:
+            weights = attention_mask.to(hidden.dtype).unsqueeze(-1)
+            pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+        logits = self.classifier(self.dropout(pooled))
+        loss = None
+        if labels is not None:
+            dtype = at_least_float32(logits.dtype)
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits.view(-1).to(dtype), labels.view(-1).to(dtype))
+            else:
+                loss = F.cross_entropy(logits.view(-1, self.num_labels).to(dtype), labels.view(-1))
+            loss = loss + act_loss(self.config, outputs.ponder_cost)
+        return UniversalTransformerSequenceClassifierOutput(
+            loss=loss, logits=logits, ponder_cost=outputs.ponder_cost, n_updates=outputs.n_updates,
+            remainders=outputs.remainders, hidden_states=outputs.hidden_states)
+
+
+class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, GenerationMixin):
+    """Encoder-decoder Universal Transformer, ACT on both sides, one embedding matrix shared by the encoder, the
+    decoder and the output softmax (tensor2tensor's `shared_embedding_and_softmax_weights`).
+
+    `labels` are the targets (-100 is ignored); the decoder input is the targets shifted right behind
+    `decoder_start_token_id` (the pad id, whose embedding is zero: t2t's zero first input). There is no decoding cache,
+    as in tensor2tensor: `generate()` re-runs the decoder over the whole prefix at every new token.
+    """
+
+    _tied_weights_keys = {"decoder.embed_tokens.weight": "encoder.embed_tokens.weight",
+                          "lm_head.weight": "encoder.embed_tokens.weight"}
+
+    def __init__(self, config: UniversalTransformerConfig):
+        super().__init__(config)
+        if config.embedding_size != config.hidden_size:
+            raise ValueError("the shared output softmax needs embedding_size == hidden_size")
+        shared = nn.Embedding(config.vocab_size, config.embedding_size)
+        self.encoder = UniversalTransformerStack(config, False, shared)
+        self.decoder = UniversalTransformerStack(config, True, shared)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.encoder.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.encoder.embed_tokens = value
+        self.decoder.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def get_encoder(self):
+        return self.encoder
+
+    def get_decoder(self):
+        return self.decoder
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls):
+        return False  # no decoding cache: nothing for generate() to build
+
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, past_key_values=None, **kwargs):
+        # without a cache every step re-reads the whole decoder prefix (the ACT loop runs over all of it)
+        kwargs.pop("use_cache", None)
+        return super().prepare_inputs_for_generation(input_ids, next_sequence_length=None, past_key_values=None,
+                                                     **kwargs)
+
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
+                encoder_outputs=None, inputs_embeds=None, decoder_inputs_embeds=None, labels=None,
+                output_hidden_states=None, **kwargs) -> UniversalTransformerSeq2SeqLMOutput:
+        r"""
+        decoder_attention_mask: padding mask of the decoder input; derived from `labels != -100` when only labels
+            are given.
+        encoder_outputs: a `UniversalTransformerModelOutput` (or tuple) of an earlier encoder call.
+        """
+        config = self.config
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
+                                           inputs_embeds=inputs_embeds, output_hidden_states=output_hidden_states)
+        elif not isinstance(encoder_outputs, UniversalTransformerModelOutput):  # a tuple: its first item is the state
+            encoder_outputs = UniversalTransformerModelOutput(last_hidden_state=encoder_outputs[0])
+        if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
+            decoder_input_ids = shift_tokens_right(labels, config.pad_token_id, config.decoder_start_token_id)
+            if decoder_attention_mask is None:
+                decoder_attention_mask = (labels != -100).long()
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids, attention_mask=decoder_attention_mask, inputs_embeds=decoder_inputs_embeds,
+            encoder_hidden_states=encoder_outputs.last_hidden_state, encoder_attention_mask=attention_mask,
+            output_hidden_states=output_hidden_states)
+        logits = self.lm_head(decoder_outputs.last_hidden_state)
+        ponder_costs = [c for c in (encoder_outputs.ponder_cost, decoder_outputs.ponder_cost) if c is not None]
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).to(at_least_float32(logits.dtype)),
+                                   labels.reshape(-1),
+                                   ignore_index=-100, label_smoothing=config.label_smoothing)
+            loss = loss + act_loss(config, *ponder_costs)
+        return UniversalTransformerSeq2SeqLMOutput(
+            loss=loss, logits=logits, ponder_cost=sum(ponder_costs) if ponder_costs else None,
+            decoder_n_updates=decoder_outputs.n_updates, decoder_remainders=decoder_outputs.remainders,
+            decoder_ponder_cost=decoder_outputs.ponder_cost, decoder_hidden_states=decoder_outputs.hidden_states,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state, encoder_n_updates=encoder_outputs.n_updates,
+            encoder_remainders=encoder_outputs.remainders, encoder_ponder_cost=encoder_outputs.ponder_cost,
+            encoder_hidden_states=encoder_outputs.hidden_states)
+
+
+__all__ = ["UniversalTransformerForSeq2SeqLM", "UniversalTransformerForSequenceClassification",
+           "UniversalTransformerModel", "UniversalTransformerModelOutput", "UniversalTransformerPreTrainedModel",
+           "UniversalTransformerSeq2SeqLMOutput", "UniversalTransformerSequenceClassifierOutput", "timing_signal"]
