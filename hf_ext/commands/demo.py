@@ -68,7 +68,7 @@ def run_demo(args):
     log("   (training logs follow as JSON lines)")
     trainer = finetune_optimus(model, processor, dataset, workdir / "trainer", max_steps=args.max_steps,
                                batch_size=8, learning_rate=2e-3, ratio_zero=0.5, ratio_increase=0.25,
-                               logging_steps=50, seed=args.seed, log_to_stderr=True, disable_tqdm=True)
+                               logging_steps=max(1, min(50, args.max_steps // 6)), seed=args.seed, log_to_stderr=True, disable_tqdm=True)
     history = [entry for entry in trainer.state.log_history if "loss_rec" in entry]
     print(f"   reconstruction loss {history[0]['loss_rec']:.1f} -> {history[-1]['loss_rec']:.1f}, "
           f"KL {history[-1]['loss_kl']:.2f}, beta {history[-1]['beta']:.2f}")
