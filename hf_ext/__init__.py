@@ -3,7 +3,8 @@
 Importing the package registers every model with `AutoConfig`, the fitting `AutoModel*` classes and `AutoProcessor`.
 """
 
-from .models import mtdnn, optimus, universal_transformer
+from .models import ernie2, mtdnn, optimus, universal_transformer
+from .models.ernie2 import Ernie2ForPreTraining, Ernie2PreTrainingConfig
 from .models.mtdnn import MTDNNConfig, MTDNNForSequenceClassification, MTDNNModel
 from .models.optimus import (
     OptimusConfig,
@@ -19,12 +20,14 @@ from .models.universal_transformer import (
     UniversalTransformerModel,
 )
 
-for _model in (optimus, universal_transformer, mtdnn):
+for _model in (optimus, universal_transformer, mtdnn, ernie2):
     _model.register()
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Ernie2ForPreTraining",
+    "Ernie2PreTrainingConfig",
     "MTDNNConfig",
     "MTDNNForSequenceClassification",
     "MTDNNModel",

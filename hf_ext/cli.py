@@ -12,7 +12,8 @@ import sys
 from .conversion import CONVERTERS
 from .errors import HfExtError
 
-COMMAND_GROUPS = ("hf_ext.commands.optimus", "hf_ext.commands.demo")  # modules with register(subparsers)
+COMMAND_GROUPS = ("hf_ext.commands.optimus", "hf_ext.commands.demo", "hf_ext.commands.mtdnn",
+                  "hf_ext.commands.ernie2")  # modules with register(subparsers)
 
 
 class Parser(argparse.ArgumentParser):

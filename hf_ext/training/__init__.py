@@ -17,6 +17,19 @@ from .optimus import (
     optimus_lora,
 )
 from .plots import curves_from_log_history, plot_interpolation_table, plot_training_curves, require_matplotlib
+from .mtdnn import (  # MT-DNN multi-task training; its names join __all__ below
+    MTDNNCollator,
+    MTDNNTrainer,
+    MultiTaskBatchSampler,
+    MultiTaskDataset,
+    add_soft_labels,
+    load_glue_tsv,
+    load_mtdnn_json,
+    load_mtdnn_lora,
+    load_task_file,
+    mtdnn_lora,
+    teacher_soft_labels,
+)
 from ..metrics.optimus import evaluate_optimus_lm, optimus_lm_statistics
 
 __all__ = ["BetaScheduleCallback", "DECODER_LORA_TARGETS", "ENCODER_LORA_TARGETS", "LATENT_MODULES",
@@ -24,3 +37,5 @@ __all__ = ["BetaScheduleCallback", "DECODER_LORA_TARGETS", "ENCODER_LORA_TARGETS
            "evaluate_optimus_lm", "finetune_optimus", "frange_cycle_linear", "frange_cycle_zero_linear", "load_optimus_lora",
            "load_text_dataset", "optimus_core", "optimus_lm_statistics", "optimus_lora", "plot_interpolation_table",
            "plot_training_curves", "require_matplotlib"]
+__all__ += ["MTDNNCollator", "MTDNNTrainer", "MultiTaskBatchSampler", "MultiTaskDataset", "add_soft_labels",
+            "load_glue_tsv", "load_mtdnn_json", "load_mtdnn_lora", "load_task_file", "mtdnn_lora", "teacher_soft_labels"]
