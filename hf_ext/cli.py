@@ -13,7 +13,8 @@ from .conversion import CONVERTERS
 from .errors import HfExtError
 
 COMMAND_GROUPS = ("hf_ext.commands.optimus", "hf_ext.commands.demo", "hf_ext.commands.mtdnn",
-                  "hf_ext.commands.ernie2")  # modules with register(subparsers)
+                  "hf_ext.commands.ernie2",
+                  "hf_ext.commands.universal_transformer")  # modules with register(subparsers)
 
 
 class Parser(argparse.ArgumentParser):

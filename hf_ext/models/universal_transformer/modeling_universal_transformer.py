@@ -206,7 +206,7 @@ class UniversalTransformerAttention(nn.Module):
 
 def padded_conv(conv, hidden, causal):
     """Apply a `Conv1d` along the sequence of `[batch, length, channels]`: SAME padding, or LEFT (causal)."""
-    width = conv.kernel_size[0]
+    width = conv.weight.shape[-1]  # not kernel_size: adapter wrappers (PEFT LoRA) expose the weight only
     padding = (width - 1, 0) if causal else (width // 2, (width - 1) // 2)
     return conv(F.pad(hidden.transpose(1, 2), padding)).transpose(1, 2)
 

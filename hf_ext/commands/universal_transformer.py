@@ -1,0 +1,141 @@
+"""`hf-ext universal-transformer ...`: train a Universal Transformer (or the same-size vanilla Transformer) on one of
+the paper's algorithmic tasks, and plot the halting map of an input."""
+
+import json
+
+
+def register(commands):
+    group = commands.add_parser("universal-transformer", help="Universal Transformer training and halting maps",
+                                description="Train a Universal Transformer on an algorithmic task, or plot how long "
+                                "each position of an input ponders.")
+    tools = group.add_subparsers(dest="tool", required=True, metavar="TOOL")
+
+    parser = tools.add_parser(
+        "train-algorithmic", help="train on copy, reverse or addition and test at longer lengths",
+        description="Train a small model on one of the paper's algorithmic tasks (inputs of length up to "
+        "--train-length), then measure greedy char- and sequence-accuracy at the training lengths and at the longer "
+        "lengths up to --test-length. Saves the model, its tokenizer, results.json and log_history.json (written "
+        "atomically) and prints the results as JSON.")
+    parser.add_argument("--task", required=True, choices=("copy", "reverse", "addition"), help="the task")
+    parser.add_argument("--output-dir", required=True, help="folder for the trained model")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
+    parser.add_argument("--architecture", choices=("universal-transformer", "transformer"),
+                        default="universal-transformer",
+                        help="the Universal Transformer with ACT (default) or the same-size vanilla Transformer")
+    parser.add_argument("--train-length", type=int, default=20, help="longest training input (default 20)")
+    parser.add_argument("--test-length", type=int, default=40, help="longest test input (default 40)")
+    parser.add_argument("--num-train", type=int, default=20000, help="training examples (default 20000)")
+    parser.add_argument("--num-test", type=int, default=200, help="test examples per length range (default 200)")
+    parser.add_argument("--max-steps", type=int, default=1500, help="optimizer steps (default 1500)")
+    parser.add_argument("--batch-size", type=int, default=32, help="examples per batch (default 32)")
+    parser.add_argument("--learning-rate", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    parser.add_argument("--hidden-size", type=int, default=64, help="model width (default 64)")
+    parser.add_argument("--num-heads", type=int, default=4, help="attention heads (default 4)")
+    parser.add_argument("--intermediate-size", type=int, default=256, help="transition inner width (default 256)")
+    parser.add_argument("--act-max-steps", type=int, default=6,
+                        help="most ACT steps; the vanilla Transformer gets this many layers (default 6)")
+    parser.add_argument("--dropout", type=float, default=0.1, help="dropout everywhere (default 0.1)")
+    parser.add_argument("--logging-steps", type=int, default=100, help="steps per logged average (default 100)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the data and the weights (default 0)")
+    parser.set_defaults(handler=_train_algorithmic)
+
+    parser = tools.add_parser(
+        "halting-map", help="plot the ponder time of each position of an input",
+        description="Plot the halting map of TEXT: the ponder time N + R of every encoder position and, for a "
+        "seq2seq model, of every position of its greedy output. Prints the values as JSON.")
+    parser.add_argument("model", help="Universal Transformer folder or Hub repo id (with its tokenizer)")
+    parser.add_argument("text", help="the input, e.g. 1234567 for a model trained with train-algorithmic")
+    parser.add_argument("out", help="image to write (PNG, or another format matplotlib knows from the suffix)")
+    parser.add_argument("--max-new-tokens", type=int,
+                        help="longest greedy output of a seq2seq model (default: the input length plus one)")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
+    parser.set_defaults(handler=_halting_map)
+
+
+def _require(condition, message):
+    from ..errors import HfExtError
+
+    if not condition:
+        raise HfExtError(message)
+
+
+def _train_algorithmic(args):
+    import torch
+
+    from ..models.universal_transformer import UniversalTransformerForSeq2SeqLM
+    from ..output import atomic_output_dir, check_output_dir
+    from ..training.universal_transformer import (
+        algorithmic_config,
+        algorithmic_tokenizer,
+        run_algorithmic,
+        vanilla_transformer,
+    )
+
+    for name in ("train_length", "test_length", "num_train", "num_test", "max_steps", "batch_size", "hidden_size",
+                 "num_heads", "intermediate_size", "act_max_steps", "logging_steps"):
+        _require(getattr(args, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+    _require(args.task != "addition" or args.train_length >= 3, "addition needs --train-length of at least 3")
+    _require(args.test_length > args.train_length, "--test-length must exceed --train-length")
+    _require(args.learning_rate > 0, "--learning-rate must be positive")
+    _require(0 <= args.dropout < 1, "--dropout must be in [0, 1)")
+    _require(args.hidden_size % args.num_heads == 0, "--hidden-size must be divisible by --num-heads")
+    check_output_dir(args.output_dir, args.overwrite)
+    config = algorithmic_config(hidden_size=args.hidden_size, num_attention_heads=args.num_heads,
+                                intermediate_size=args.intermediate_size, act_max_steps=args.act_max_steps,
+                                dropout=args.dropout)
+    torch.manual_seed(args.seed)
+    if args.architecture == "transformer":
+        model = vanilla_transformer(config)
+    else:
+        model = UniversalTransformerForSeq2SeqLM(config)
+    with atomic_output_dir(args.output_dir, args.overwrite) as staging:
+        run = run_algorithmic(args.task, model, args.architecture, train_length=args.train_length,
+                              test_length=args.test_length, num_train=args.num_train, num_test=args.num_test,
+                              max_steps=args.max_steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
+                              seed=args.seed, logging_steps=args.logging_steps, log_to_stderr=True,
+                              disable_tqdm=True)
+        results = {"task": args.task, "architecture": args.architecture, "parameters": run.parameters,
+                   "train_length": args.train_length, "test_length": args.test_length,
+                   "max_steps": args.max_steps, "train_loss": run.train_loss,
+                   "train_seconds": round(run.train_seconds, 1), "train_lengths": run.train_lengths,
+                   "longer_lengths": run.longer_lengths}
+        model.save_pretrained(staging)
+        algorithmic_tokenizer().save_pretrained(staging)
+        (staging / "results.json").write_text(json.dumps(results, indent=1))
+        (staging / "log_history.json").write_text(json.dumps(run.log_history, indent=1))
+    print(json.dumps({"output_dir": str(args.output_dir), **results}))
+
+
+def _halting_map(args):
+    from pathlib import Path
+
+    from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
+    from transformers import AutoTokenizer
+
+    from ..errors import HfExtError
+    from ..training.plots import require_matplotlib
+    from ..training.universal_transformer import halting_map, plot_halting_map
+
+    _require(args.max_new_tokens is None or args.max_new_tokens >= 1, "--max-new-tokens must be at least 1")
+    out = Path(args.out)
+    _require(out.parent.is_dir(), f"the folder of {out} does not exist")
+    require_matplotlib()
+    trust = args.trust_remote_code or None
+    try:
+        config = AutoConfig.from_pretrained(args.model, trust_remote_code=trust)
+    except OSError as error:
+        raise HfExtError(f"cannot load a model from {args.model}: {str(error).splitlines()[0]}") from None
+    _require(config.model_type == "universal-transformer",
+             f"{args.model} holds a {config.model_type!r} model, not a Universal Transformer")
+    architectures = " ".join(config.architectures or [])
+    auto_class = (AutoModelForSeq2SeqLM if "Seq2SeqLM" in architectures
+                  else AutoModelForSequenceClassification if "SequenceClassification" in architectures else AutoModel)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=trust)
+    except (OSError, ValueError) as error:
+        raise HfExtError(f"{args.model} has no usable tokenizer: {str(error).splitlines()[0]}") from None
+    model = auto_class.from_pretrained(args.model, trust_remote_code=trust)
+    rows = halting_map(model, tokenizer, args.text, max_new_tokens=args.max_new_tokens)
+    plot_halting_map(rows, out, title=f"Halting map of {args.text!r}")
+    print(json.dumps({"out": str(out), "rows": [{"side": row.side, "tokens": row.tokens,
+                                                 "ponder_time": row.ponder_time} for row in rows]}))
