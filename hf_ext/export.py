@@ -1,5 +1,6 @@
 """Writing a converted model folder that loads with `from_pretrained`, locally or from the Hub as remote code."""
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -70,6 +71,15 @@ def write_model_folder(folder, model_class, config, state_dict, auto_map=None, p
     if processor is not None:
         processor.save_pretrained(folder)
     return model
+
+
+def sha256(path, chunk=1 << 20):
+    """Hex SHA-256 of a file, read in chunks (checkpoints can be large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_json(path, what):

@@ -25,8 +25,8 @@ from transformers import BertTokenizer, ErnieConfig, ErnieForPreTraining
 
 from ..checkpoints import load_numpy_pickle
 from ..errors import HfExtError
-from ..export import empty_model, expected_tensors, log, read_json, write_model_folder
-from .optimus import sha256
+from ..export import empty_model, expected_tensors, log, read_json, sha256, write_model_folder
+from . import add_output_arguments, print_parity
 
 STATIC_CONFIG = "ernie_config.json"
 PADDLENLP_WEIGHTS = "model_state.pdparams"
@@ -627,14 +627,9 @@ def add_arguments(parser):
                         help="lower-case input text (default: the PaddleNLP tokenizer_config.json, else yes)")
     parser.add_argument("--layer-norm-eps", type=float, default=ORIGINAL_LAYER_NORM_EPS,
                         help="LayerNorm epsilon (default 1e-5, the original graph's)")
-    parser.add_argument("--reference", type=Path, help="reference.safetensors with outputs of the original code to "
-                        "check the conversion against (errors go into the model card)")
     parser.add_argument("--checksums", action="store_true", help="also record the sha256 of every weight file in "
                         "the model card (reads the weights a second time)")
-    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    parser.add_argument("--push-to-hub", metavar="REPO_ID", help="also push the folder to this Hub repository")
-    parser.add_argument("--private", action="store_true", help="create the Hub repository as private")
-    parser.add_argument("--token", help="Hub token (default: the logged-in one)")
+    add_output_arguments(parser)
 
 
 def run(args):
@@ -643,5 +638,4 @@ def run(args):
         reference=args.reference, checksums=args.checksums, overwrite=args.overwrite, push_to_hub=args.push_to_hub,
         private=args.private, token=args.token,
     )
-    for name, value in parity.items():
-        print(f"{name}: max abs error {value:.3g}")
+    print_parity(parity)

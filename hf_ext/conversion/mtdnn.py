@@ -24,6 +24,7 @@ from ..checkpoints import safe_torch_load
 from ..errors import HfExtError
 from ..export import log, write_model_folder
 from ..models.mtdnn import AUTO_MAP, MTDNNConfig, MTDNNModel
+from . import add_output_arguments, print_parity
 
 BERT_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                     "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
@@ -467,12 +468,7 @@ def add_arguments(parser):
     parser.add_argument("--default-task", help="the task AutoModelForSequenceClassification and pipelines use "
                         "(default: the first)")
     parser.add_argument("--tokenizer", help="tokenizer folder or Hub id to save with the model")
-    parser.add_argument("--reference", type=Path, help="reference.safetensors with outputs of the original code to "
-                        "check the conversion against (errors go into the model card)")
-    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    parser.add_argument("--push-to-hub", metavar="REPO_ID", help="also push the folder to this Hub repository")
-    parser.add_argument("--private", action="store_true", help="create the Hub repository as private")
-    parser.add_argument("--token", help="Hub token (default: the logged-in one)")
+    add_output_arguments(parser)
 
 
 def run(args):
@@ -481,5 +477,4 @@ def run(args):
         default_task=args.default_task, tokenizer=args.tokenizer, reference=args.reference, overwrite=args.overwrite,
         push_to_hub=args.push_to_hub, private=args.private, token=args.token,
     )
-    for name, value in parity.items():
-        print(f"{name}: max abs error {value:.3g}")
+    print_parity(parity)

@@ -8,7 +8,6 @@ Sources:
 """
 
 import argparse
-import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +17,9 @@ from transformers import BertConfig, BertTokenizer, GPT2Config, GPT2Tokenizer
 
 from ..checkpoints import load_state_dict, safe_torch_load
 from ..errors import HfExtError
-from ..export import log, read_json, write_model_folder
+from ..export import log, read_json, sha256, write_model_folder
 from ..models.optimus import AUTO_MAP, OptimusConfig, OptimusModel, OptimusProcessor
+from . import add_output_arguments, print_parity
 
 ARGS_FILE = "training_encoder_args.bin"  # the original writes the args under this name in both folders
 WEIGHTS_FILE = "pytorch_model.bin"
@@ -306,14 +306,6 @@ def load_processor(source, encoder_tokenizer=None, decoder_tokenizer=None, do_lo
     return OptimusProcessor(tokenizer=bert, decoder_tokenizer=gpt2)
 
 
-def sha256(path, chunk=1 << 20):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def convert(original, staging, processor=None, latent_as_gpt_memory=None, latent_as_gpt_emb=None):
     """Write the converted model into `staging`; returns its config."""
     special_ids = None
@@ -365,6 +357,20 @@ def reference_errors(model, reference):
     return {name: (value - reference[name]).abs().max().item() for name, value in ours.items() if name in reference}
 
 
+def round_trip_error(loaded, written):
+    """Max abs difference between the weights loaded back and those written, emptying `written` as it goes.
+
+    The loaded weights are views of the memory-mapped model.safetensors, so comparing pages them in; releasing each
+    written tensor once compared keeps memory near one copy of the checkpoint instead of two. Equal tensors are
+    recognised without the temporaries of a subtraction."""
+    error = 0.0
+    while written:
+        name, tensor = written.popitem()
+        if not torch.equal(loaded[name], tensor):
+            error = max(error, (loaded[name] - tensor).abs().max().item())
+    return error
+
+
 def convert_optimus_checkpoint(src=None, out=None, *, encoder_dir=None, decoder_dir=None, step=None,
                                encoder_tokenizer=None, decoder_tokenizer=None, latent_as_gpt_memory=None,
                                latent_as_gpt_emb=None, reference=None, overwrite=False, push_to_hub=None,
@@ -390,8 +396,9 @@ def convert_optimus_checkpoint(src=None, out=None, *, encoder_dir=None, decoder_
         log("checking the written folder")
         model = OptimusModel.from_pretrained(staging).eval()
         written = convert_state_dict(original.encoder_state, original.decoder_state)
-        loaded = model.state_dict()
-        parity = {"weights (round trip)": max((loaded[k] - v).abs().max().item() for k, v in written.items())}
+        original.encoder_state.clear()  # `written` now holds the only references; the check releases them
+        original.decoder_state.clear()
+        parity = {"weights (round trip)": round_trip_error(model.state_dict(), written)}
         if reference is not None:
             log(f"comparing with the original's outputs in {reference}")
             reference_tensors = load_file(str(reference)) if str(reference).endswith(".safetensors") else None
@@ -453,12 +460,7 @@ def add_arguments(parser):
                         help="override the memory injection flag read from the training args")
     parser.add_argument("--latent-as-gpt-emb", type=int, choices=(0, 1),
                         help="override the embedding injection flag read from the training args")
-    parser.add_argument("--reference", type=Path, help="reference.safetensors with outputs of the original code to "
-                        "check the conversion against (errors go into the model card)")
-    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    parser.add_argument("--push-to-hub", metavar="REPO_ID", help="also push the folder to this Hub repository")
-    parser.add_argument("--private", action="store_true", help="create the Hub repository as private")
-    parser.add_argument("--token", help="Hub token (default: the logged-in one)")
+    add_output_arguments(parser)
 
 
 def run(args):
@@ -469,5 +471,4 @@ def run(args):
         reference=args.reference, overwrite=args.overwrite, push_to_hub=args.push_to_hub, private=args.private,
         token=args.token,
     )
-    for name, value in parity.items():
-        print(f"{name}: max abs error {value:.3g}")
+    print_parity(parity)

@@ -28,6 +28,7 @@ from ..models.universal_transformer import (
     UniversalTransformerConfig,
     UniversalTransformerForSequenceClassification,
 )
+from . import add_output_arguments, print_parity
 
 WEIGHTS_FILE = "state_dict.pt"
 CONFIG_FILE = "config.json"
@@ -244,12 +245,7 @@ def add_arguments(parser):
     parser.add_argument("out", help="folder to write (must not exist unless --overwrite)")
     parser.add_argument("--final-layer-norm", action="store_true", help="apply the encoder's final layer norm, which "
                         "the original creates but never applies (tensor2tensor applies one)")
-    parser.add_argument("--reference", type=Path, help="reference.safetensors with outputs of the original code to "
-                        "check the conversion against (errors go into the model card)")
-    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    parser.add_argument("--push-to-hub", metavar="REPO_ID", help="also push the folder to this Hub repository")
-    parser.add_argument("--private", action="store_true", help="create the Hub repository as private")
-    parser.add_argument("--token", help="Hub token (default: the logged-in one)")
+    add_output_arguments(parser)
 
 
 def run(args):
@@ -257,8 +253,7 @@ def run(args):
         args.src, args.out, final_layer_norm=args.final_layer_norm, reference=args.reference,
         overwrite=args.overwrite, push_to_hub=args.push_to_hub, private=args.private, token=args.token,
     )
-    for name, value in parity.items():
-        print(f"{name}: max abs error {value:.3g}")
+    print_parity(parity)
 
 
 __all__ = ["add_arguments", "build_config", "convert_state_dict", "convert_universal_transformer_checkpoint",
