@@ -36,3 +36,37 @@ def optimus_tiny_converted(optimus_tiny, tmp_path_factory):
                  "--reference", str(optimus_tiny / "reference.safetensors")])
     assert code == 0, "converting the tiny Optimus fixture failed"
     return out
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of tiny models: extra threads only add synchronisation, which costs seconds
+    per step on a busy 2-core machine. Use with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run_torchrun(script, *args, timeout=300):
+    """Run `script` under `torchrun --nproc_per_node 2` on a free loopback port and return each rank's JSON result
+    (`<out>/rank{0,1}.json`, where `out` is the last argument). A hang (e.g. a DDP deadlock) becomes a timeout
+    failure; the completed process is returned too, for its stderr."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                          "127.0.0.1", "--master_port", str(port), str(Path(__file__).with_name(script)),
+                          *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = Path(args[-1])
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)], run

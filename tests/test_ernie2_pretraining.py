@@ -59,6 +59,8 @@ from hf_ext.training.ernie2_data import (
     word_splitter,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "../shared/fixtures/ernie2/tiny"
 GLUE = REPO / "../shared/data/glue_samples"
@@ -78,13 +80,6 @@ CORPUS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # tiny models: extra intra-op threads only add synchronisation, which costs seconds per step on a busy machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

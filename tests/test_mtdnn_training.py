@@ -7,11 +7,7 @@ import copy
 import csv
 import json
 import math
-import os
 import random
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +15,16 @@ import pytest
 import scipy.stats
 import sklearn.metrics
 import torch
+from conftest import run_torchrun
 from safetensors.torch import load_file
 from torch.nn import functional as F
-from transformers import AutoModel, BertConfig, BertModel, BertTokenizer, TrainingArguments
+from transformers import (
+    AutoModel,
+    BertConfig,
+    BertModel,
+    BertTokenizer,
+    TrainingArguments,
+)
 
 import hf_ext  # noqa: F401  (registers the Auto classes)
 from hf_ext.cli import main
@@ -42,6 +45,8 @@ from hf_ext.training import (
     teacher_soft_labels,
 )
 from hf_ext.training.mtdnn import distillation_loss, mixed_task_order
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "../shared/fixtures/mtdnn/tiny"
@@ -64,13 +69,6 @@ nli:
 """
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # tiny models: extra intra-op threads only add synchronisation on a busy 2-core machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny_config(tasks=TASKS, vocab_size=99, task_def=None):
@@ -600,22 +598,10 @@ def test_cli_distill_refuses_a_teacher_without_the_task(saved_mtdnn, tmp_path, c
 
 # ----- distributed ----------------------------------------------------------------------------------------------------
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_process_multi_task_training_with_torchrun(tmp_path):
-    script = Path(__file__).with_name("mtdnn_ddp_train.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-                          "127.0.0.1", "--master_port", str(free_port()), str(script), str(FIXTURE / "task_def.yml"),
-                          str(FIXTURE / "data"), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
+    ranks, run = run_torchrun("mtdnn_ddp_train.py", FIXTURE / "task_def.yml", FIXTURE / "data", tmp_path)
     assert "unused" not in run.stderr.lower()
-    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     sizes = [len(load_mtdnn_json(FIXTURE / "data" / f"{task}_dev.json", tiny_config(), task)) for task in TASKS]
     # each process gets half of every global batch of 4: the task order of a single process with batches of 4
     sampler = MultiTaskBatchSampler(sizes, 4, seed=3)

@@ -4,15 +4,12 @@ Models here are tiny and sized unlike the fixture's on purpose."""
 
 import json
 import math
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import run_torchrun
 from safetensors.torch import load_file
 from transformers import AutoModel, BertTokenizer, GPT2Tokenizer, TrainingArguments
 from transformers.pytorch_utils import Conv1D
@@ -38,20 +35,14 @@ from hf_ext.training import (
     plot_training_curves,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "../shared/fixtures/optimus/tiny"
 SNLI = REPO / "../shared/data/snli_sentences"
 MAX_LENGTH = 24
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # the models here are tiny: extra intra-op threads only add synchronisation, which costs seconds per step on a
-    # busy 2-core machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -413,22 +404,9 @@ def test_cli_evaluate_matches_the_api(model_dir, processor, tmp_path, capsys):
 
 # ----- distributed ----------------------------------------------------------------------------------------------------
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_process_cpu_training_with_torchrun(model_dir, tmp_path):
-    script = Path(__file__).with_name("optimus_ddp_train.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-                          "127.0.0.1", "--master_port", str(free_port()), str(script), str(model_dir),
-                          str(SNLI / "train.txt"), str(tmp_path)], env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    ranks, run = run_torchrun("optimus_ddp_train.py", model_dir, SNLI / "train.txt", tmp_path, timeout=300)
     for result in ranks:
         assert (result["world_size"], result["global_step"], result["backend"]) == (2, 6, "gloo")
         assert math.isfinite(result["train_loss"])

@@ -3,15 +3,12 @@ Trainer's ponder-cost logging, greedy evaluation of the Universal Transformer an
 map and its plot, LoRA, the `hf-ext universal-transformer` tools and a 2-process torchrun run. Models are tiny."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import evaluate
 import pytest
 import torch
+from conftest import run_torchrun
 from peft import PeftModel
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq
 
@@ -25,7 +22,6 @@ from hf_ext.errors import HfExtError
 from hf_ext.metrics import metric_path
 from hf_ext.training.universal_transformer import (
     SYMBOLS,
-    TASKS,
     algorithmic_config,
     algorithmic_dataset,
     algorithmic_tokenizer,
@@ -38,17 +34,12 @@ from hf_ext.training.universal_transformer import (
     vanilla_transformer,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 REPO = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # tiny models: extra intra-op threads only add synchronisation on a busy 2-core machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny_config(**overrides):
@@ -423,22 +414,10 @@ def test_cli_halting_map_refuses_bad_input(cli_model, tmp_path, capsys):
 
 # ----- two processes ------------------------------------------------------------------------------------------------
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_process_training_with_different_halting_per_rank(tmp_path):
-    script = Path(__file__).with_name("universal_transformer_ddp_train.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     # a deadlock (ranks running different numbers of collectives) would hang: the timeout turns it into a failure
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-                          "127.0.0.1", "--master_port", str(free_port()), str(script), str(tmp_path)], env=env,
-                         capture_output=True, text=True, timeout=240)
-    assert run.returncode == 0, run.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    ranks, run = run_torchrun("universal_transformer_ddp_train.py", tmp_path, timeout=240)
     for result in ranks:
         assert (result["world_size"], result["global_step"], result["backend"]) == (2, 8, "gloo")
         assert len(result["loop_steps"]["encoder"]) == len(result["loop_steps"]["decoder"]) == 8
