@@ -1,0 +1,114 @@
+#!/usr/bin/env python
+"""Greedy decoding speed of `OptimusModel.generate` (KV cache, latent memory in slot 0).
+
+(a) against the original's loop, reproduced on the same weights: every step runs the model on the whole prefix
+    without a cache (`sample_sequence_conditional` in ChunyuanLI/Optimus), and checks that both give the same tokens;
+(b) against `transformers.GPT2LMHeadModel.generate` holding the same decoder weights, on the same shapes.
+
+Only decoding is timed, so the encoder is tiny; the decoder is GPT-2 small (768 wide, 12 layers, 12 heads,
+vocabulary 50260).
+"""
+
+import statistics
+
+import torch
+from transformers import BertConfig, GPT2Config, GPT2LMHeadModel, GenerationConfig
+
+from hf_ext import OptimusConfig
+from hf_ext.samples import random_model
+from timing import benchmark_parser, report_ratio, setup, time_interleaved
+
+
+def decoder_config(quick):
+    vocab = 1003 if quick else 50260  # the last three ids are <PAD>, <BOS>, <EOS>, as in the original
+    width, layers, heads = (64, 2, 2) if quick else (768, 12, 12)
+    return GPT2Config(vocab_size=vocab, n_embd=width, n_layer=layers, n_head=heads, n_positions=1024,
+                      pad_token_id=vocab - 3, bos_token_id=vocab - 2, eos_token_id=vocab - 1)
+
+
+def build_models(quick, seed=0):
+    """An OptimusModel with random weights and a GPT2LMHeadModel holding a copy of its decoder."""
+    decoder = decoder_config(quick)
+    encoder = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=1,
+                         intermediate_size=64)
+    optimus = random_model(OptimusConfig(encoder=encoder, decoder=decoder, latent_size=32), seed=seed, scale=0.02)
+    gpt2 = GPT2LMHeadModel(GPT2Config(**decoder.to_dict())).eval()
+    gpt2.transformer.load_state_dict(optimus.decoder.state_dict())
+    assert gpt2.lm_head.weight.data_ptr() == gpt2.transformer.wte.weight.data_ptr(), "GPT-2 head is not tied"
+    return optimus, gpt2
+
+
+def greedy_config(model_config, new_tokens):
+    # min_new_tokens bans <EOS>, so every call decodes exactly `new_tokens` tokens
+    return GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                            bos_token_id=model_config.bos_token_id, eos_token_id=model_config.eos_token_id,
+                            pad_token_id=model_config.pad_token_id)
+
+
+@torch.no_grad()
+def recompute_greedy(model, latent_z, new_tokens):
+    """The original's decoding: the full prefix through the model at every step, no cache; <EOS> banned as
+    `min_new_tokens` does, so the tokens are comparable with `generate`."""
+    dec = model.config.decoder
+    generated = torch.full((latent_z.size(0), 1), dec.bos_token_id, dtype=torch.long)
+    for _ in range(new_tokens):
+        logits = model(decoder_input_ids=generated, latent_z=latent_z, use_cache=False).logits[:, -1]
+        logits[:, dec.eos_token_id] = float("-inf")
+        generated = torch.cat([generated, logits.argmax(-1, keepdim=True)], dim=1)
+    return generated
+
+
+def main(argv=None):
+    parser = benchmark_parser(__doc__)
+    parser.add_argument("--batch-size", type=int, help="sequences decoded together (default 8; quick 2)")
+    parser.add_argument("--new-tokens", type=int, help="tokens generated per sequence (default 64; quick 8)")
+    args = parser.parse_args(argv)
+    repeats = setup(args, default_repeats=5)
+    batch = args.batch_size or (2 if args.quick else 8)
+    new_tokens = args.new_tokens or (8 if args.quick else 64)
+    torch.manual_seed(0)
+
+    optimus, gpt2 = build_models(args.quick)
+    dec = optimus.config.decoder
+    print(f"decoder: {dec.n_layer} layers, width {dec.n_embd}, {dec.n_head} heads, vocabulary {dec.vocab_size}; "
+          f"batch {batch}, {new_tokens} new tokens, greedy")
+    latent_z = optimus.sample_prior(batch, torch.Generator().manual_seed(1))
+    optimus_generation = greedy_config(optimus.config, new_tokens)
+    gpt2_generation = greedy_config(dec, new_tokens)
+    bos = torch.full((batch, 1), dec.bos_token_id, dtype=torch.long)
+
+    @torch.no_grad()
+    def optimus_generate():
+        return optimus.generate(latent_z=latent_z, generation_config=optimus_generation)
+
+    @torch.no_grad()
+    def gpt2_generate():
+        return gpt2.generate(bos, attention_mask=torch.ones_like(bos), generation_config=gpt2_generation)
+
+    cached = optimus_generate()
+    recomputed = recompute_greedy(optimus, latent_z, new_tokens)
+    agree = (cached == recomputed).all(dim=0).tolist()[1:]
+    first_disagreement = agree.index(False) if False in agree else None
+    print(f"greedy tokens, generate vs recompute loop: {int((cached == recomputed).sum())}/{cached.numel()} equal; "
+          f"{len(set(cached[:, 1:].flatten().tolist()))} distinct tokens generated; "
+          + ("identical sequences" if first_disagreement is None
+             else f"first difference at new token {first_disagreement}"))
+
+    gpt2_generate()  # warm-up; the check above warmed up both Optimus paths
+    tokens = batch * new_tokens
+    # one round: both cached decoders and the slow loop, so every ratio compares runs made under the same load
+    times = time_interleaved({"OptimusModel.generate": optimus_generate, "GPT2LMHeadModel.generate": gpt2_generate,
+                              "recompute loop": lambda: recompute_greedy(optimus, latent_z, new_tokens)}, repeats,
+                             warmup=0)
+    for name, seconds in times.items():
+        print(f"  {name}: {tokens / statistics.median(seconds):.1f} tokens/s")
+    report_ratio("(a) speed-up of OptimusModel.generate over the recompute loop", times["recompute loop"],
+                 times["OptimusModel.generate"], 10, higher_is_better=True)
+    report_ratio("(b) time of OptimusModel.generate / GPT2LMHeadModel.generate", times["OptimusModel.generate"],
+                 times["GPT2LMHeadModel.generate"], 1.15)
+    if first_disagreement is not None:
+        raise SystemExit("greedy tokens of generate and the recompute loop differ")
+
+
+if __name__ == "__main__":
+    main()
