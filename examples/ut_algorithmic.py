@@ -20,25 +20,15 @@ import json
 import torch
 
 from hf_ext import UniversalTransformerForSeq2SeqLM
+from hf_ext.commands.universal_transformer import add_algorithmic_arguments
 from hf_ext.training.universal_transformer import TASKS, algorithmic_config, run_algorithmic, vanilla_transformer
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=["copy"], help="tasks to run (default copy)")
-    parser.add_argument("--train-length", type=int, default=10, help="longest training input (default 10)")
-    parser.add_argument("--test-length", type=int, default=20, help="longest test input (default 20)")
-    parser.add_argument("--num-train", type=int, default=20000, help="training examples (default 20000)")
-    parser.add_argument("--num-test", type=int, default=200, help="test examples per length range (default 200)")
-    parser.add_argument("--max-steps", type=int, default=1200, help="optimizer steps per model (default 1200)")
-    parser.add_argument("--batch-size", type=int, default=32, help="examples per batch (default 32)")
-    parser.add_argument("--learning-rate", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
-    parser.add_argument("--hidden-size", type=int, default=64, help="width (default 64)")
-    parser.add_argument("--num-heads", type=int, default=4, help="attention heads (default 4)")
-    parser.add_argument("--intermediate-size", type=int, default=256, help="transition inner width (default 256)")
-    parser.add_argument("--act-max-steps", type=int, default=6,
-                        help="most ACT steps; the Transformer gets this many layers per side (default 6)")
-    parser.add_argument("--dropout", type=float, default=0.1, help="dropout everywhere (default 0.1)")
+    # --max-steps counts the steps of each of the two models
+    add_algorithmic_arguments(parser, train_length=10, test_length=20, max_steps=1200)
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and the weights (default 0)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--json", action="store_true", help="also print every number as one JSON line per run")

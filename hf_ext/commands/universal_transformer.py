@@ -22,19 +22,7 @@ def register(commands):
     parser.add_argument("--architecture", choices=("universal-transformer", "transformer"),
                         default="universal-transformer",
                         help="the Universal Transformer with ACT (default) or the same-size vanilla Transformer")
-    parser.add_argument("--train-length", type=int, default=20, help="longest training input (default 20)")
-    parser.add_argument("--test-length", type=int, default=40, help="longest test input (default 40)")
-    parser.add_argument("--num-train", type=int, default=20000, help="training examples (default 20000)")
-    parser.add_argument("--num-test", type=int, default=200, help="test examples per length range (default 200)")
-    parser.add_argument("--max-steps", type=int, default=1500, help="optimizer steps (default 1500)")
-    parser.add_argument("--batch-size", type=int, default=32, help="examples per batch (default 32)")
-    parser.add_argument("--learning-rate", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
-    parser.add_argument("--hidden-size", type=int, default=64, help="model width (default 64)")
-    parser.add_argument("--num-heads", type=int, default=4, help="attention heads (default 4)")
-    parser.add_argument("--intermediate-size", type=int, default=256, help="transition inner width (default 256)")
-    parser.add_argument("--act-max-steps", type=int, default=6,
-                        help="most ACT steps; the vanilla Transformer gets this many layers (default 6)")
-    parser.add_argument("--dropout", type=float, default=0.1, help="dropout everywhere (default 0.1)")
+    add_algorithmic_arguments(parser, train_length=20, test_length=40, max_steps=1500)
     parser.add_argument("--logging-steps", type=int, default=100, help="steps per logged average (default 100)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and the weights (default 0)")
     parser.set_defaults(handler=_train_algorithmic)
@@ -50,6 +38,26 @@ def register(commands):
                         help="longest greedy output of a seq2seq model (default: the input length plus one)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
     parser.set_defaults(handler=_halting_map)
+
+
+def add_algorithmic_arguments(parser, train_length, test_length, max_steps):
+    """The data, model-size and optimisation options of an algorithmic-task run (also used by
+    examples/ut_algorithmic.py, with its own defaults for the lengths and the step count)."""
+    parser.add_argument("--train-length", type=int, default=train_length,
+                        help=f"longest training input (default {train_length})")
+    parser.add_argument("--test-length", type=int, default=test_length,
+                        help=f"longest test input (default {test_length})")
+    parser.add_argument("--num-train", type=int, default=20000, help="training examples (default 20000)")
+    parser.add_argument("--num-test", type=int, default=200, help="test examples per length range (default 200)")
+    parser.add_argument("--max-steps", type=int, default=max_steps, help=f"optimizer steps (default {max_steps})")
+    parser.add_argument("--batch-size", type=int, default=32, help="examples per batch (default 32)")
+    parser.add_argument("--learning-rate", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    parser.add_argument("--hidden-size", type=int, default=64, help="model width (default 64)")
+    parser.add_argument("--num-heads", type=int, default=4, help="attention heads (default 4)")
+    parser.add_argument("--intermediate-size", type=int, default=256, help="transition inner width (default 256)")
+    parser.add_argument("--act-max-steps", type=int, default=6,
+                        help="most ACT steps; the vanilla Transformer gets this many layers (default 6)")
+    parser.add_argument("--dropout", type=float, default=0.1, help="dropout everywhere (default 0.1)")
 
 
 def _require(condition, message):
