@@ -1,11 +1,11 @@
 """Writing a converted model folder that loads with `from_pretrained`, locally or from the Hub as remote code."""
 
-import hashlib
 import json
 import sys
 from pathlib import Path
 
 import torch
+from huggingface_hub.utils.sha import sha_fileobj
 from safetensors.torch import save_file
 from transformers import GenerationConfig
 from transformers.dynamic_module_utils import custom_object_save
@@ -73,13 +73,16 @@ def write_model_folder(folder, model_class, config, state_dict, auto_map=None, p
     return model
 
 
-def sha256(path, chunk=1 << 20):
+def sha256(path):
     """Hex SHA-256 of a file, read in chunks (checkpoints can be large)."""
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+        return sha_fileobj(handle).hex()
+
+
+def file_record(path, name=None):
+    """A provenance row for a model card: the file's name (`name`, or its own), size and sha256."""
+    path = Path(path)
+    return {"name": name or path.name, "bytes": path.stat().st_size, "sha256": sha256(path)}
 
 
 def read_json(path, what):

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 from huggingface_hub import ModelCard
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoProcessor, BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
 
 import hf_ext  # noqa: F401  (registers the Auto classes)
 from hf_ext.cli import main
-from hf_ext.conversion.optimus import ARGS_FILE, WEIGHTS_FILE, sha256
+from hf_ext.conversion.optimus import ARGS_FILE, WEIGHTS_FILE, _loading_problems, round_trip_error
+from hf_ext.export import sha256
 from hf_ext.models.optimus import kl_per_dimension
 from hf_ext.samples import random_model, tiny_config, write_original_checkpoint, write_sample_checkpoint
 
@@ -327,6 +328,40 @@ def test_training_bin_without_configs_infers_them(tmp_path, capsys):
     code, _ = run_cli(capsys, "convert", "optimus", tmp_path / "original" / "checkpoint-full-2", tmp_path / "two")
     assert code == 0
     assert_reproduces(tmp_path / "two", sources[2])
+
+
+def test_round_trip_error_compares_every_stored_tensor_block_by_block(tmp_path):
+    """The converter's weight check: exact zero for a faithful file, the largest difference otherwise (found in any
+    block of rows, scalars included), tied copies that the file does not store skipped, and `written` emptied."""
+    generator = torch.Generator().manual_seed(0)
+    stored = {"matrix": torch.randn(37, 5, generator=generator), "vector": torch.randn(11, generator=generator),
+              "scalar": torch.tensor(2.5)}
+    save_file(stored, tmp_path / "model.safetensors")
+
+    def written(**changes):
+        tensors = {name: tensor.clone() for name, tensor in stored.items()}
+        tensors["tied.copy"] = tensors["matrix"]  # a tied name: in the model, not in the file
+        for name, (index, delta) in changes.items():
+            tensors[name][index] += delta
+        return tensors
+
+    faithful = written()
+    assert round_trip_error(tmp_path / "model.safetensors", faithful, block_bytes=3 * 5 * 4) == 0.0
+    assert faithful == {}
+    # 3-row blocks: row 36 is alone in the last block
+    for name, index, delta in (("matrix", (36, 4), 0.25), ("matrix", (0, 0), -0.5), ("vector", (7,), 0.125),
+                               ("scalar", (), 1.0)):
+        changed = written(**{name: (index, delta)})
+        error = round_trip_error(tmp_path / "model.safetensors", changed, block_bytes=3 * 5 * 4)
+        assert error == pytest.approx(abs(delta)), name
+
+
+def test_loading_problems_names_what_did_not_load():
+    assert _loading_problems({"missing_keys": set(), "unexpected_keys": [], "mismatched_keys": [],
+                              "error_msgs": []}) == ""
+    text = _loading_problems({"missing_keys": {"decoder.h.0.ln_1.weight"}, "unexpected_keys": ["extra.bias"],
+                              "mismatched_keys": [], "error_msgs": []})
+    assert text == "missing keys: decoder.h.0.ln_1.weight; unexpected keys: extra.bias"
 
 
 # ----- bad input ----------------------------------------------------------------------------------------------------

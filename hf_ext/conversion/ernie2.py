@@ -25,7 +25,7 @@ from transformers import BertTokenizer, ErnieConfig, ErnieForPreTraining
 
 from ..checkpoints import load_numpy_pickle
 from ..errors import HfExtError
-from ..export import empty_model, expected_tensors, log, read_json, sha256, write_model_folder
+from ..export import empty_model, expected_tensors, file_record, log, read_json, sha256, write_model_folder
 from . import add_output_arguments, print_parity
 
 STATIC_CONFIG = "ernie_config.json"
@@ -526,8 +526,7 @@ def _lower_case(source, do_lower_case):
 
 def source_files(source, checksums):
     """Rows for the provenance table: config and vocab always hashed, weights hashed when `checksums`."""
-    rows = [{"name": p.name, "bytes": p.stat().st_size, "sha256": sha256(p)}
-            for p in (source.config_path, source.vocab_path)]
+    rows = [file_record(p) for p in (source.config_path, source.vocab_path)]
     not_computed = "not computed (--checksums)"
     if source.format == "static":
         files = sorted(p for p in source.weights_path.iterdir() if p.is_file())
@@ -538,8 +537,8 @@ def source_files(source, checksums):
                      "sha256": digest})
     else:
         path = source.weights_path
-        rows.append({"name": path.name, "bytes": path.stat().st_size,
-                     "sha256": sha256(path) if checksums else not_computed})
+        rows.append(file_record(path) if checksums else
+                    {"name": path.name, "bytes": path.stat().st_size, "sha256": not_computed})
     return rows
 
 

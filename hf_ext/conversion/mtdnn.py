@@ -17,12 +17,11 @@ import re
 from pathlib import Path
 
 import torch
-from huggingface_hub.utils.sha import sha_fileobj
 from transformers import AutoTokenizer, BertConfig
 
 from ..checkpoints import safe_torch_load
 from ..errors import HfExtError
-from ..export import log, write_model_folder
+from ..export import file_record, log, write_model_folder
 from ..models.mtdnn import AUTO_MAP, MTDNNConfig, MTDNNModel
 from . import add_output_arguments, print_parity
 
@@ -429,8 +428,6 @@ def convert_mtdnn_checkpoint(checkpoint, out, *, task_def=None, group_sizes=None
             except (OSError, ValueError, RuntimeError) as error:
                 raise HfExtError(f"reference {reference} could not be compared: {str(error).splitlines()[0]}") \
                     from None
-        with open(checkpoint, "rb") as handle:
-            digest = sha_fileobj(handle).hex()
         write_model_card(
             staging, "mtdnn",
             card_data(license="mit", tags=["mt-dnn", "multi-task", "bert", "text-classification"],
@@ -439,8 +436,7 @@ def convert_mtdnn_checkpoint(checkpoint, out, *, task_def=None, group_sizes=None
             default_task=config.default_task or config.tasks[0]["name"],
             encoder_layers=config.encoder.num_hidden_layers, encoder_hidden=config.encoder.hidden_size,
             encoder_vocab=config.encoder.vocab_size,
-            hf_ext_version=__version__, source_file={"name": checkpoint.name, "bytes": checkpoint.stat().st_size,
-                                                     "sha256": digest},
+            hf_ext_version=__version__, source_file=file_record(checkpoint),
             task_source=str(task_def) if task_def is not None else "the checkpoint (config['task_def_list'])",
             parity=parity, notes=notes,
         )

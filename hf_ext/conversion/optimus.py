@@ -9,15 +9,17 @@ Sources:
 
 import argparse
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from transformers import BertConfig, BertTokenizer, GPT2Config, GPT2Tokenizer
 
 from ..checkpoints import load_state_dict, safe_torch_load
 from ..errors import HfExtError
-from ..export import log, read_json, sha256, write_model_folder
+from ..export import file_record, log, read_json, write_model_folder
 from ..models.optimus import AUTO_MAP, OptimusConfig, OptimusModel, OptimusProcessor
 from . import add_output_arguments, print_parity
 
@@ -357,18 +359,39 @@ def reference_errors(model, reference):
     return {name: (value - reference[name]).abs().max().item() for name, value in ours.items() if name in reference}
 
 
-def round_trip_error(loaded, written):
-    """Max abs difference between the weights loaded back and those written, emptying `written` as it goes.
+def round_trip_error(path, written, block_bytes=16 << 20):
+    """Max abs difference between the tensors stored in the safetensors file at `path` and `written`, emptying
+    `written` as it goes (names absent from the file are tied copies, which are not stored).
 
-    The loaded weights are views of the memory-mapped model.safetensors, so comparing pages them in; releasing each
-    written tensor once compared keeps memory near one copy of the checkpoint instead of two. Equal tensors are
-    recognised without the temporaries of a subtraction."""
+    Memory stays near one copy of the checkpoint: each tensor is compared in blocks of rows through its own memory
+    map, which is closed (its pages leave this process) before the next, and the written tensor is released once
+    compared. Smallest first, so the released tensors make room for the larger ones still to be paged in."""
+    with safe_open(path, "pt") as stored:
+        names = sorted(stored.keys(), key=lambda name: written[name].numel())
     error = 0.0
-    while written:
-        name, tensor = written.popitem()
-        if not torch.equal(loaded[name], tensor):
-            error = max(error, (loaded[name] - tensor).abs().max().item())
+    for name in names:
+        tensor = written.pop(name)
+        rows = max(1, block_bytes // max(1, tensor[0].numel() * tensor.element_size())) if tensor.dim() else 1
+        with safe_open(path, "pt") as stored:
+            if tensor.dim() == 0:
+                blocks = [(stored.get_tensor(name), tensor)]
+            else:
+                column = stored.get_slice(name)
+                bounds = [(start, min(start + rows, len(tensor))) for start in range(0, len(tensor), rows)]
+                blocks = ((column[start:stop], tensor[start:stop]) for start, stop in bounds)
+            for read, kept in blocks:
+                if not torch.equal(read, kept):
+                    error = max(error, (read - kept).abs().max().item())
+        del tensor, blocks, read, kept
+    written.clear()
     return error
+
+
+def _loading_problems(info):
+    """What `from_pretrained(..., output_loading_info=True)` reports as not loaded cleanly, as one text."""
+    return "; ".join(f"{kind.replace('_', ' ')}: {', '.join(map(str, keys))}"
+                     for kind, keys in info.items() if keys and kind != "error_msgs") or \
+        "; ".join(info.get("error_msgs", []))
 
 
 def convert_optimus_checkpoint(src=None, out=None, *, encoder_dir=None, decoder_dir=None, step=None,
@@ -384,41 +407,43 @@ def convert_optimus_checkpoint(src=None, out=None, *, encoder_dir=None, decoder_
     from ..output import atomic_output_dir, check_output_dir
 
     check_output_dir(out, overwrite)
+    if reference is not None and not str(reference).endswith(".safetensors"):
+        raise HfExtError(f"reference {reference} is not a .safetensors file")
     source = find_source(src, encoder_dir, decoder_dir, step)
-    original = read_original(source)
-    lower = getattr(original.args, "do_lower_case", None)
-    processor = load_processor(source, encoder_tokenizer, decoder_tokenizer, do_lower_case=lower)
-    if processor is None:
-        original.notes.append("no tokenizer files found: the folder holds no processor")
-        log("warning: no tokenizer files in the checkpoint folders (give --encoder-tokenizer/--decoder-tokenizer)")
-    with atomic_output_dir(out, overwrite) as staging:
-        config = convert(original, staging, processor, latent_as_gpt_memory, latent_as_gpt_emb)
-        log("checking the written folder")
-        model = OptimusModel.from_pretrained(staging).eval()
-        written = convert_state_dict(original.encoder_state, original.decoder_state)
-        original.encoder_state.clear()  # `written` now holds the only references; the check releases them
-        original.decoder_state.clear()
-        parity = {"weights (round trip)": round_trip_error(model.state_dict(), written)}
-        if reference is not None:
-            log(f"comparing with the original's outputs in {reference}")
-            reference_tensors = load_file(str(reference)) if str(reference).endswith(".safetensors") else None
-            if reference_tensors is None:
-                raise HfExtError(f"reference {reference} is not a .safetensors file")
-            parity.update(reference_errors(model, reference_tensors))
-        files = [{"name": str(p.relative_to(p.parent.parent)), "bytes": p.stat().st_size, "sha256": sha256(p)}
-                 for p in source.files()]
-        repo_id = push_to_hub or Path(out).name
-        write_model_card(
-            staging, "optimus",
-            card_data(license="mit", tags=["optimus", "vae", "text-generation"], pipeline_tag="text-generation",
-                      base_model=_base_models(original.args)),
-            model_name=Path(out).name, repo_id=repo_id, latent_size=config.latent_size,
-            injection=_injection_text(config), encoder_layers=config.encoder.num_hidden_layers,
-            encoder_hidden=config.encoder.hidden_size, decoder_layers=config.decoder.n_layer,
-            decoder_hidden=config.decoder.n_embd, decoder_vocab=config.decoder.vocab_size, beta=config.beta,
-            dim_target_kl=config.dim_target_kl, hf_ext_version=__version__, source_files=files, parity=parity,
-            notes=original.notes,
-        )
+    # hashing ~1 GB of sources takes as long as reading them; it runs beside the conversion (hashlib frees the GIL)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256") as hashing:
+        files = hashing.submit(lambda: [file_record(p, str(p.relative_to(p.parent.parent))) for p in source.files()])
+        original = read_original(source)
+        lower = getattr(original.args, "do_lower_case", None)
+        processor = load_processor(source, encoder_tokenizer, decoder_tokenizer, do_lower_case=lower)
+        if processor is None:
+            original.notes.append("no tokenizer files found: the folder holds no processor")
+            log("warning: no tokenizer files in the checkpoint folders (give --encoder-tokenizer/--decoder-tokenizer)")
+        with atomic_output_dir(out, overwrite) as staging:
+            config = convert(original, staging, processor, latent_as_gpt_memory, latent_as_gpt_emb)
+            log("checking the written folder")
+            model, loading = OptimusModel.from_pretrained(staging, output_loading_info=True)
+            if _loading_problems(loading):
+                raise HfExtError(f"the written folder does not load cleanly ({_loading_problems(loading)})")
+            written = convert_state_dict(original.encoder_state, original.decoder_state)
+            original.encoder_state.clear()  # `written` now holds the only references; the check releases them
+            original.decoder_state.clear()
+            parity = {"weights (round trip)": round_trip_error(staging / "model.safetensors", written)}
+            if reference is not None:
+                log(f"comparing with the original's outputs in {reference}")
+                parity.update(reference_errors(model.eval(), load_file(str(reference))))
+            repo_id = push_to_hub or Path(out).name
+            write_model_card(
+                staging, "optimus",
+                card_data(license="mit", tags=["optimus", "vae", "text-generation"], pipeline_tag="text-generation",
+                          base_model=_base_models(original.args)),
+                model_name=Path(out).name, repo_id=repo_id, latent_size=config.latent_size,
+                injection=_injection_text(config), encoder_layers=config.encoder.num_hidden_layers,
+                encoder_hidden=config.encoder.hidden_size, decoder_layers=config.decoder.n_layer,
+                decoder_hidden=config.decoder.n_embd, decoder_vocab=config.decoder.vocab_size, beta=config.beta,
+                dim_target_kl=config.dim_target_kl, hf_ext_version=__version__, source_files=files.result(),
+                parity=parity, notes=original.notes,
+            )
     log(f"wrote {out}")
     if push_to_hub:
         push_folder(out, push_to_hub, token=token, private=private)

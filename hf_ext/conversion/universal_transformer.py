@@ -18,11 +18,10 @@ positions, then a linear map tied to the embeddings) becomes the classifier over
 from pathlib import Path
 
 import torch
-from huggingface_hub.utils.sha import sha_fileobj
 
 from ..checkpoints import load_state_dict
 from ..errors import HfExtError
-from ..export import empty_model, expected_tensors, log, read_json, write_model_folder
+from ..export import empty_model, expected_tensors, file_record, log, read_json, write_model_folder
 from ..models.universal_transformer import (
     AUTO_MAP,
     UniversalTransformerConfig,
@@ -166,11 +165,6 @@ def reference_errors(model, reference):
     return errors
 
 
-def _file_record(path):
-    with open(path, "rb") as handle:
-        return {"name": path.name, "bytes": path.stat().st_size, "sha256": sha_fileobj(handle).hex()}
-
-
 def convert_universal_transformer_checkpoint(src, out, *, final_layer_norm=False, reference=None, overwrite=False,
                                              push_to_hub=None, private=False, token=None):
     """Convert SRC (state_dict.pt + config.json of a BabiUTransformer) into a model folder at `out`, written
@@ -228,7 +222,7 @@ def convert_universal_transformer_checkpoint(src, out, *, final_layer_norm=False
             card_data(license="mit", tags=["universal-transformer", "adaptive-computation-time", "babi"],
                       pipeline_tag="text-classification"),
             model_name=Path(out).name, repo_id=repo_id, config=config, hf_ext_version=__version__,
-            source_files=[_file_record(src / WEIGHTS_FILE), _file_record(src / CONFIG_FILE)], parity=parity,
+            source_files=[file_record(src / WEIGHTS_FILE), file_record(src / CONFIG_FILE)], parity=parity,
             notes=notes,
         )
     log(f"wrote {out}")
