@@ -1,10 +1,14 @@
 """Timing shared by the benchmark scripts: warm-up, interleaved repeats, medians and the report lines."""
 
 import argparse
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 import transformers
@@ -56,13 +60,57 @@ def time_interleaved(candidates, repeats, warmup=1):
     return times
 
 
-def report_ratio(label, numerator, denominator, target, higher_is_better=False):
+# the script a fresh interpreter runs for `measure_in_subprocess`; only `work` is measured
+MEASURED_SCRIPT = """
+import json, sys, time
+sys.path.insert(0, {benchmarks!r})
+{setup}
+def status(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+open("/proc/self/clear_refs", "w").write("5")  # VmHWM restarts from the current RSS: the imports are not counted
+before = status("VmRSS")
+start = time.perf_counter()
+{work}
+seconds = time.perf_counter() - start
+print(json.dumps({{"seconds": seconds, "rss_before": before, "peak": status("VmHWM")}}))
+"""
+
+
+def measure_in_subprocess(setup, work, *argv):
+    """Run `setup` then `work` (Python source; `sys.argv[1:]` is `argv`) in a fresh interpreter. Returns the
+    seconds of `work`, the RSS before it (interpreter and imports) and the process's peak RSS during it (Linux)."""
+    script = MEASURED_SCRIPT.format(benchmarks=str(Path(__file__).resolve().parent), setup=setup, work=work)
+    result = subprocess.run([sys.executable, "-c", script, *map(str, argv)], capture_output=True, text=True,
+                            check=False)
+    if result.returncode:
+        raise SystemExit(f"benchmark subprocess failed:\n{result.stderr}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def report_memory(name, runs, checkpoint_bytes):
+    """The peak memory line of one side of a conversion benchmark: above the imports and of the whole process."""
+    above = statistics.median(run["peak"] - run["rss_before"] for run in runs)
+    whole = statistics.median(run["peak"] for run in runs)
+    seconds = ", ".join(f"{run['seconds']:.2f}" for run in runs)
+    print(f"  {name}: seconds {seconds}; peak RSS above the imports "
+          f"{above / 2**20:.0f} MiB = {above / checkpoint_bytes:.2f}x the checkpoint; whole process "
+          f"{whole / 2**20:.0f} MiB = {whole / checkpoint_bytes:.2f}x")
+
+
+def report_ratio(label, numerator, denominator, target=None, higher_is_better=False):
     """One result line for `numerator / denominator` (lists of seconds from the same rounds). The headline is the
-    median of the per-round ratios; the ratios of the medians and of the minimums are printed beside it."""
+    median of the per-round ratios; the ratios of the medians and of the minimums are printed beside it. Without a
+    `target` the line is a comparison only."""
     paired = statistics.median(n / d for n, d in zip(numerator, denominator))
-    met = paired >= target if higher_is_better else paired <= target
-    sign = ">=" if higher_is_better else "<="
-    print(f"RESULT {label}: {paired:.2f}x (target {sign} {target}x: {'met' if met else 'MISSED'}; ratio of medians "
+    if target is None:
+        verdict, met = "no target", None
+    else:
+        met = paired >= target if higher_is_better else paired <= target
+        verdict = f"target {'>=' if higher_is_better else '<='} {target}x: {'met' if met else 'MISSED'}"
+    print(f"RESULT {label}: {paired:.2f}x ({verdict}; ratio of medians "
           f"{statistics.median(numerator) / statistics.median(denominator):.2f}x, of minimums "
           f"{min(numerator) / min(denominator):.2f}x)")
     return met

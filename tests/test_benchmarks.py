@@ -1,0 +1,38 @@
+"""Every script in `benchmarks/` still runs: `--quick` (tiny sizes, one round) must finish and print its RESULT lines.
+The numbers of a quick run are not results; the scripts' own checks (equal greedy tokens, conversions that succeed)
+still apply."""
+
+import re
+import runpy
+import sys
+
+import pytest
+from transformers import logging as transformers_logging
+
+from conftest import REPO_ROOT
+
+BENCHMARKS = sorted((REPO_ROOT / "benchmarks").glob("bench_*.py"))
+RESULT_LINE = re.compile(r"^RESULT .+: \d+\.\d\dx \((target [<>]= [\d.]+x: (met|MISSED)|no target); ", re.MULTILINE)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_every_benchmark_is_found():
+    assert {path.stem for path in BENCHMARKS} >= {"bench_optimus_generation", "bench_optimus_train_step",
+                                                  "bench_optimus_conversion", "bench_ernie2_conversion"}
+
+
+@pytest.mark.parametrize("script", BENCHMARKS, ids=lambda path: path.stem)
+def test_quick_run(script, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", [str(script), "--quick", "--threads", "1"])
+    monkeypatch.syspath_prepend(str(script.parent))
+    verbosity = transformers_logging.get_verbosity()  # the scripts silence transformers' notices
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exit_info:
+        assert exit_info.code in (0, None), capsys.readouterr().out
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    output = capsys.readouterr().out
+    assert "QUICK smoke run" in output
+    assert RESULT_LINE.search(output), output
