@@ -7,7 +7,6 @@ from .optimus import (
     BetaScheduleCallback,
     OptimusDataCollator,
     OptimusTrainer,
-    StderrLogCallback,
     finetune_optimus,
     frange_cycle_linear,
     frange_cycle_zero_linear,
@@ -16,6 +15,7 @@ from .optimus import (
     optimus_core,
     optimus_lora,
 )
+from .trainer import StderrLogCallback, TermLoggingTrainer, TermMeans
 from .plots import curves_from_log_history, plot_interpolation_table, plot_training_curves, require_matplotlib
 from .mtdnn import (  # MT-DNN multi-task training; its names join __all__ below
     MTDNNCollator,
@@ -33,7 +33,8 @@ from .mtdnn import (  # MT-DNN multi-task training; its names join __all__ below
 from ..metrics.optimus import evaluate_optimus_lm, optimus_lm_statistics
 
 __all__ = ["BetaScheduleCallback", "DECODER_LORA_TARGETS", "ENCODER_LORA_TARGETS", "LATENT_MODULES",
-           "OptimusDataCollator", "OptimusTrainer", "StderrLogCallback", "curves_from_log_history",
+           "OptimusDataCollator", "OptimusTrainer", "StderrLogCallback", "TermLoggingTrainer", "TermMeans",
+           "curves_from_log_history",
            "evaluate_optimus_lm", "finetune_optimus", "frange_cycle_linear", "frange_cycle_zero_linear", "load_optimus_lora",
            "load_text_dataset", "optimus_core", "optimus_lm_statistics", "optimus_lora", "plot_interpolation_table",
            "plot_training_curves", "require_matplotlib"]

@@ -33,6 +33,7 @@ from ..models.ernie2 import PRETRAINING_TASKS, Ernie2ForPreTraining
 from ..output import atomic_output_dir
 from .ernie2_data import Ernie2PreTrainingCollator
 from .mtdnn import GLUE_ALIASES, GLUE_LAYOUTS, glue_layout, load_glue_tsv
+from .trainer import StderrLogCallback, TermLoggingTrainer
 
 SCHEDULE_FILE = "schedule.json"
 STAGE_MODEL = "model"
@@ -189,7 +190,7 @@ class StageBatchSampler(Sampler):
 
 # ----- one stage ---------------------------------------------------------------------------------------------------
 
-class Ernie2PreTrainer(Trainer):
+class Ernie2PreTrainer(TermLoggingTrainer):
     """`Trainer` for one stage of ERNIE 2.0 pre-training (an `Ernie2ForPreTraining`).
 
     - `train_dataset`: `{task: dataset}` with the examples of `Ernie2DataBuilder` (a `DatasetDict` works); batches
@@ -220,10 +221,10 @@ class Ernie2PreTrainer(Trainer):
         if data_collator is None:
             data_collator = Ernie2PreTrainingCollator(model.config.task_ids, model.config.pad_token_id or 0)
         super().__init__(model=model, args=args, train_dataset=concatenate_datasets([train_dataset[t] for t in tasks]),
-                         data_collator=data_collator, **kwargs)
+                         data_collator=data_collator, logged_terms=[f"loss_{task}" for task in PRETRAINING_TASKS],
+                         **kwargs)
         self.stage = stage
         self.stage_index = stage_index
-        self._task_losses = None  # per task: [sum of losses, number of batches] in the logging window
 
     def get_train_dataloader(self):
         args = self.args
@@ -239,26 +240,14 @@ class Ernie2PreTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         outputs = model(**inputs)
         if model.training:
-            for index, task in enumerate(PRETRAINING_TASKS):
-                loss = outputs.get(f"{task}_loss")
-                if loss is not None:
-                    if self._task_losses is None:
-                        self._task_losses = torch.zeros(2, len(PRETRAINING_TASKS), dtype=torch.float64,
-                                                        device=loss.device)
-                    self._task_losses[0, index] += loss.detach().double()
-                    self._task_losses[1, index] += 1
+            for task in PRETRAINING_TASKS:
+                if outputs.get(f"{task}_loss") is not None:
+                    self.record_term(model, f"loss_{task}", outputs[f"{task}_loss"])
         return (outputs.loss, outputs) if return_outputs else outputs.loss
 
     def log(self, logs, start_time=None):
-        # `log` runs on every process, so the reduction pairs up across ranks
         if "loss" in logs:
             logs["stage"] = self.stage_index + 1
-            if self._task_losses is not None:
-                totals = self.accelerator.reduce(self._task_losses.clone(), reduction="sum")
-                for task, total, count in zip(PRETRAINING_TASKS, *totals.tolist()):
-                    if count:
-                        logs[f"loss_{task}"] = total / count
-                self._task_losses.zero_()
         super().log(logs, start_time)
 
 
@@ -316,7 +305,6 @@ def continual_pretraining(model, schedule, datasets, args, processing_class=None
 def _log_to_stderr(trainer):
     from transformers import PrinterCallback
 
-    from .optimus import StderrLogCallback
 
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(StderrLogCallback())

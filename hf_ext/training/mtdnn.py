@@ -25,13 +25,13 @@ from accelerate.data_loader import prepare_data_loader
 from accelerate.utils import extract_model_from_parallel
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
-from transformers import Trainer
 from transformers.trainer_utils import unwrap_peft_model
 
 from ..errors import HfExtError
 from ..export import log
 from ..metrics import load_metric
 from .optimus import ENCODER_LORA_TARGETS  # BERT's self-attention projections
+from .trainer import TermLoggingTrainer
 
 # ----- data ---------------------------------------------------------------------------------------------------------
 
@@ -576,7 +576,7 @@ def evaluate_task(spec, predictions, references):
                                              references=np.asarray(references), metrics=task_metric_names(spec))
 
 
-class MTDNNTrainer(Trainer):
+class MTDNNTrainer(TermLoggingTrainer):
     """`Trainer` for MT-DNN multi-task fine-tuning (an `MTDNNModel`, or a PEFT wrapper of it).
 
     - `train_dataset`: a `MultiTaskDataset` or the dict/list of task datasets it takes. Batches come from
@@ -613,12 +613,12 @@ class MTDNNTrainer(Trainer):
         if data_collator is None:
             data_collator = MTDNNCollator(pad_token_id=self.mtdnn_config.encoder.pad_token_id or 0)
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
-                         eval_dataset=eval_dataset, **kwargs)
+                         eval_dataset=eval_dataset, logged_terms=[f"loss_{name}" for name in
+                                                                  self.mtdnn_config.task_names], **kwargs)
         self.mix_opt = mix_opt
         self.ratio = ratio
         self.kd_loss = kd_loss
         self.kd_weight = kd_weight
-        self._task_losses = None  # per task: [sum of losses, number of batches] in the logging window
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
@@ -653,23 +653,8 @@ class MTDNNTrainer(Trainer):
             loss = distillation if loss is None else loss + distillation
             outputs["loss"] = loss
         if model.training and loss is not None:
-            if self._task_losses is None:
-                self._task_losses = torch.zeros(2, len(self.mtdnn_config.tasks), dtype=torch.float64,
-                                                device=loss.device)
-            index = self.mtdnn_config.task_index(spec["name"])
-            self._task_losses[0, index] += loss.detach().double()
-            self._task_losses[1, index] += 1
+            self.record_term(model, f"loss_{spec['name']}", loss)
         return (loss, outputs) if return_outputs else loss
-
-    def log(self, logs, start_time=None):
-        # `log` runs on every process, so the reduction pairs up across ranks
-        if "loss" in logs and self._task_losses is not None:
-            sums, counts = self.accelerator.reduce(self._task_losses.clone(), reduction="sum").tolist()
-            for name, total, count in zip(self.mtdnn_config.task_names, sums, counts):
-                if count:
-                    logs[f"loss_{name}"] = total / count
-            self._task_losses.zero_()
-        super().log(logs, start_time)
 
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
                         metric_key_prefix="eval"):

@@ -6,7 +6,6 @@ The schedules follow ChunyuanLI/Optimus `code/examples/big_ae/utils.py` (`frange
 """
 
 import contextlib
-import json
 import re
 import warnings
 from pathlib import Path
@@ -14,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from accelerate.utils import extract_model_from_parallel
-from transformers import Trainer, TrainerCallback
+from transformers import TrainerCallback
 from transformers.trainer_utils import unwrap_peft_model
 
 from ..errors import HfExtError
-from ..export import log
+from .trainer import StderrLogCallback, TermLoggingTrainer
 
 # Original training defaults (`run_lm_vae_training.py` argparse)
 DEFAULT_RATIO_INCREASE = 0.25
@@ -115,15 +114,6 @@ class BetaScheduleCallback(TrainerCallback):
         core.beta = float(self._stop(core))
 
 
-class StderrLogCallback(TrainerCallback):
-    """Writes each log entry as one JSON line on stderr, for command-line runs whose stdout is machine-readable
-    (use it instead of the `PrinterCallback`/`ProgressCallback` that `Trainer` installs)."""
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.is_world_process_zero and logs:
-            log(json.dumps({"step": state.global_step, **logs}))
-
-
 class OptimusDataCollator:
     """Builds both sides of an Optimus batch (`input_ids`, `attention_mask`, `labels`) from the `text_column` of
     `datasets` rows with an `OptimusProcessor` (`max_length` truncates each side)."""
@@ -155,20 +145,16 @@ def load_text_dataset(path, text_column="text"):
     return Dataset.from_dict({text_column: lines})
 
 
-class OptimusTrainer(Trainer):
+class OptimusTrainer(TermLoggingTrainer):
     """`Trainer` for `OptimusModel` (or a PEFT wrapper of it) that also logs `loss_rec`, `loss_kl` and `beta`: the
     means over each logging window, averaged across processes. Evaluation reports `eval_loss` (the labels are named
-    `labels`) plus `eval_loss_rec` and `eval_loss_kl`. With `OptimusDataCollator` the dataset's text column is kept
-    for the collator even though the model's `forward` does not take it."""
-
-    LOGGED_TERMS = ("loss_rec", "loss_kl", "beta")
+    `labels`) plus `eval_loss_rec` and `eval_loss_kl`, averaged over the examples. With `OptimusDataCollator` the
+    dataset's text column is kept for the collator even though the model's `forward` does not take it."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, logged_terms=("loss_rec", "loss_kl", "beta"), **kwargs)
         if self.args.label_names is None:
             self.label_names = ["labels"]
-        self._train_terms = {name: [] for name in self.LOGGED_TERMS}
-        self._eval_terms = {name: [] for name in self.LOGGED_TERMS[:2]}
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
@@ -176,47 +162,14 @@ class OptimusTrainer(Trainer):
         if text_column is not None and text_column not in self._signature_columns:
             self._signature_columns.append(text_column)
 
-    def train(self, *args, **kwargs):
-        for values in self._train_terms.values():  # a window a previous run left unlogged
-            values.clear()
-        return super().train(*args, **kwargs)
-
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         outputs = model(**inputs)
-        # loss_kl is None when the batch has no encoder side
-        terms = {name: outputs[name].detach() for name in ("loss_rec", "loss_kl") if outputs.get(name) is not None}
+        for name in ("loss_rec", "loss_kl"):
+            if outputs.get(name) is not None:  # loss_kl is None when the batch has no encoder side
+                self.record_term(model, name, outputs[name])
         if model.training:
-            for name, value in terms.items():
-                self._train_terms[name].append(value.mean())
-            beta = torch.tensor(float(optimus_core(model).beta), dtype=torch.float64, device=outputs.loss.device)
-            self._train_terms["beta"].append(beta)
-        else:
-            # per example, so that the samples a distributed sampler repeats to even out the last batch are dropped
-            for name, value in terms.items():
-                self._eval_terms[name].append(self.accelerator.gather_for_metrics(value))
+            self.record_term(model, "beta", torch.tensor(float(optimus_core(model).beta)))
         return (outputs.loss, outputs) if return_outputs else outputs.loss
-
-    def log(self, logs, start_time=None):
-        # `log` runs on every process, so the gathers below pair up across ranks
-        if "loss" in logs:
-            for name, values in self._train_terms.items():
-                if values:
-                    window_mean = torch.stack(values).mean().reshape(1)
-                    logs[name] = self.accelerator.gather(window_mean).mean().item()
-                    values.clear()
-        super().log(logs, start_time)
-
-    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
-                        metric_key_prefix="eval"):
-        for values in self._eval_terms.values():
-            values.clear()
-        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
-                                         metric_key_prefix)
-        for name, values in self._eval_terms.items():
-            if values:
-                output.metrics[f"{metric_key_prefix}_{name}"] = torch.cat(values).float().mean().item()
-            values.clear()
-        return output
 
 
 def finetune_optimus(model, processor, dataset, output_dir, max_steps, batch_size=8, learning_rate=5e-5,
@@ -282,5 +235,5 @@ def _per_layer_fan_in_fan_out():
 
 
 __all__ = ["BetaScheduleCallback", "DECODER_LORA_TARGETS", "ENCODER_LORA_TARGETS", "LATENT_MODULES",
-           "OptimusDataCollator", "OptimusTrainer", "StderrLogCallback", "frange_cycle_linear",
+           "OptimusDataCollator", "OptimusTrainer", "frange_cycle_linear",
            "finetune_optimus", "frange_cycle_zero_linear", "load_optimus_lora", "load_text_dataset", "optimus_core", "optimus_lora"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import DataCollatorForSeq2Seq, Trainer, TrainingArguments
+from transformers import DataCollatorForSeq2Seq, TrainingArguments
 
 from ..errors import HfExtError
 from ..models.universal_transformer import (
@@ -22,6 +22,7 @@ from ..models.universal_transformer import (
     UniversalTransformerForSequenceClassification,
 )
 from .plots import _figure
+from .trainer import StderrLogCallback, TermLoggingTrainer
 
 TASKS = ("copy", "reverse", "addition")
 PAD_TOKEN = "<pad>"
@@ -160,7 +161,7 @@ def count_parameters(model):
 
 # ----- training -----------------------------------------------------------------------------------------------------
 
-class UniversalTransformerTrainer(Trainer):
+class UniversalTransformerTrainer(TermLoggingTrainer):
     """`Trainer` that also logs the ACT ponder cost: `ponder_cost` (the sum of both sides' for a seq2seq model),
     `encoder_ponder_cost` and `decoder_ponder_cost`, each the mean over the logging window and the processes
     (`eval_*`: the mean over evaluation batches). Models without ACT (the baseline) log nothing extra."""
@@ -168,45 +169,14 @@ class UniversalTransformerTrainer(Trainer):
     LOGGED_TERMS = ("ponder_cost", "encoder_ponder_cost", "decoder_ponder_cost")
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._train_terms = {name: [] for name in self.LOGGED_TERMS}
-        self._eval_terms = {name: [] for name in self.LOGGED_TERMS}
-
-    def train(self, *args, **kwargs):
-        for values in self._train_terms.values():  # a window a previous run left unlogged
-            values.clear()
-        return super().train(*args, **kwargs)
+        super().__init__(*args, logged_terms=self.LOGGED_TERMS, **kwargs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         outputs = model(**inputs)
-        terms = self._train_terms if model.training else self._eval_terms
-        for name, values in terms.items():
+        for name in self.LOGGED_TERMS:
             if outputs.get(name) is not None:
-                values.append(outputs[name].detach().float().reshape(1))
+                self.record_term(model, name, outputs[name])
         return (outputs.loss, outputs) if return_outputs else outputs.loss
-
-    def _gathered_means(self, terms, prefix=""):
-        # runs on every process, so the gathers pair up across ranks
-        means = {}
-        for name, values in terms.items():
-            if values:
-                means[f"{prefix}{name}"] = self.accelerator.gather(torch.cat(values).mean().reshape(1)).mean().item()
-                values.clear()
-        return means
-
-    def log(self, logs, start_time=None):
-        if "loss" in logs:
-            logs.update(self._gathered_means(self._train_terms))
-        super().log(logs, start_time)
-
-    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
-                        metric_key_prefix="eval"):
-        for values in self._eval_terms.values():
-            values.clear()
-        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
-                                         metric_key_prefix)
-        output.metrics.update(self._gathered_means(self._eval_terms, f"{metric_key_prefix}_"))
-        return output
 
 
 def train_algorithmic(model, train_dataset, output_dir, max_steps, batch_size=32, learning_rate=1e-3,
@@ -218,7 +188,6 @@ def train_algorithmic(model, train_dataset, output_dir, max_steps, batch_size=32
     memory. `log_to_stderr` writes the logs as JSON lines on stderr instead of stdout. Returns the trainer."""
     from transformers import PrinterCallback
 
-    from .optimus import StderrLogCallback
 
     args = TrainingArguments(
         output_dir=str(output_dir), max_steps=max_steps, per_device_train_batch_size=batch_size,
