@@ -103,6 +103,23 @@ def test_left_padded_prompt_matches_unpadded(model):
                                rtol=1e-5)
 
 
+def test_logits_to_keep(model):
+    """generate() asks for the last position's logits only (its prompt step then skips the vocabulary projection of
+    every other position); the kept logits equal those of the full forward."""
+    latent = torch.randn(2, LATENT, generator=torch.Generator().manual_seed(6))
+    ids = torch.tensor([[BOS, 5, 7, 9, 11], [BOS, 12, 13, 14, 15]])
+    with torch.no_grad():
+        full = model(decoder_input_ids=ids, latent_z=latent).logits
+        last = model(decoder_input_ids=ids, latent_z=latent, logits_to_keep=1).logits
+        chosen = model(decoder_input_ids=ids, latent_z=latent, logits_to_keep=torch.tensor([0, 3])).logits
+    assert last.shape == (2, 1, full.size(-1))
+    torch.testing.assert_close(last, full[:, -1:], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(chosen, full[:, [0, 3]], atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        model(labels=ids, latent_z=latent, logits_to_keep=1)
+    assert model._supports_logits_to_keep()
+
+
 def test_generate_without_latent_is_refused(model):
     with pytest.raises(ValueError, match="latent_z"):
         model.generate(max_new_tokens=3)

@@ -209,6 +209,7 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
         past_key_values=None,
         use_cache=None,
         output_hidden_states=None,
+        logits_to_keep=0,
         **kwargs,
     ) -> OptimusOutput:
         r"""
@@ -218,6 +219,8 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
         decoder_attention_mask: optional decoder padding mask over the tokens (the memory slot is added here).
         labels: decoder targets (BOS ... EOS, right-padded with the decoder pad id).
         latent_z: use this latent instead of encoding `input_ids` (training samples the posterior, eval uses its mean).
+        logits_to_keep: logits for the last `logits_to_keep` decoder positions only (0: all; a tensor: those
+            positions), as transformers' LM heads; `generate()` passes 1. The loss needs all of them.
         """
         config = self.config
         mean = logvar = encoder_outputs = None
@@ -239,7 +242,10 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
                 decoder_input_ids, latent_z, decoder_attention_mask, decoder_position_ids, past_key_values,
                 use_cache, output_hidden_states, **kwargs,
             )
-            logits = self.lm_head(decoder_outputs.last_hidden_state)
+            if labels is not None and not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
+                raise ValueError("labels need the logits of every position: leave logits_to_keep at 0")
+            kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+            logits = self.lm_head(decoder_outputs.last_hidden_state[:, kept])
 
         loss = loss_rec = loss_kl = None
         if mean is not None:
