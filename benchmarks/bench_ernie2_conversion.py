@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from hf_ext.samples_ernie2 import BASE_CONFIG, random_weights, sample_vocab, write_static_release
-from timing import benchmark_parser, measure_in_subprocess, report_memory, report_ratio, setup
+from timing import benchmark_parser, measure_rounds, report_conversion, setup
 
 BASELINE = ("import torch\nfrom safetensors.torch import save_file",
             "save_file(torch.load(sys.argv[1], weights_only=True), sys.argv[2])")
@@ -34,9 +34,6 @@ def main(argv=None):
     if args.layers:
         config["num_hidden_layers"] = args.layers
 
-    candidates = {"hf-ext convert ernie2": (CONVERSION, "converted"),
-                  "torch.load + safetensors save": (BASELINE, "baseline.safetensors")}
-    runs = {name: [] for name in candidates}
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         tmp = Path(tmp)
         weights = random_weights(config)
@@ -47,22 +44,11 @@ def main(argv=None):
         print(f"checkpoint: {len(list((src / 'params').iterdir()))} LoDTensor files, {size / 2**20:.1f} MiB "
               f"({config['num_hidden_layers']} layers, hidden {config['hidden_size']}); torch copy "
               f"{(tmp / 'same_tensors.bin').stat().st_size / 2**20:.1f} MiB")
-        # a warm-up round, so that the page cache holds both sources for every timed run
-        for round_index in range(repeats + (not args.quick)):
-            for name, (code, out) in candidates.items():
-                result = measure_in_subprocess(*code, src if "ernie2" in name else tmp / "same_tensors.bin", tmp / out)
-                if round_index or args.quick:
-                    runs[name].append(result)
-
-    for name, results in runs.items():
-        report_memory(name, results, size)
-    conversion, baseline = runs["hf-ext convert ernie2"], runs["torch.load + safetensors save"]
-    report_ratio("conversion time / (torch.load + safetensors save)", [r["seconds"] for r in conversion],
-                 [r["seconds"] for r in baseline], 1.5)
-    report_ratio("conversion peak RSS above the imports / checkpoint size",
-                 [r["peak"] - r["rss_before"] for r in conversion], [size] * len(conversion), 1.5)
-    report_ratio("(for comparison) whole-process peak RSS of the conversion / checkpoint size",
-                 [r["peak"] for r in conversion], [size] * len(conversion))
+        runs = measure_rounds({"hf-ext convert ernie2": (*CONVERSION, (src, tmp / "converted")),
+                               "torch.load + safetensors save": (*BASELINE, (tmp / "same_tensors.bin",
+                                                                             tmp / "baseline.safetensors"))},
+                              repeats, warmup=not args.quick)
+    report_conversion(runs, "hf-ext convert ernie2", "torch.load + safetensors save", size)
 
 
 if __name__ == "__main__":

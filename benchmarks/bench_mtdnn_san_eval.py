@@ -68,5 +68,6 @@ def main(argv=None):
     report_ratio("SAN-task evaluation time of MTDNNModel / (encoder alone + SAN head alone)", whole,
                  [e + h for e, h in zip(encoder, san)], 1.05)
 
+
 if __name__ == "__main__":
     main()

@@ -18,7 +18,7 @@ from hf_ext import OptimusConfig
 from hf_ext.checkpoints import safe_torch_load
 from hf_ext.conversion.optimus import find_source
 from hf_ext.samples import random_model, tiny_config, write_original_checkpoint
-from timing import benchmark_parser, measure_in_subprocess, report_memory, report_ratio, setup
+from timing import benchmark_parser, measure_rounds, report_conversion, setup
 
 SOURCES = ("split", "full")
 CONVERSION = ("from hf_ext.conversion.optimus import convert_optimus_checkpoint",
@@ -60,28 +60,14 @@ def main(argv=None):
     parser.add_argument("--workdir", type=Path, help="where to write the checkpoint (default: a temporary folder)")
     args = parser.parse_args(argv)
     repeats = setup(args, default_repeats=3)
-    candidates = {"convert_optimus_checkpoint": CONVERSION, "torch.load + safetensors save": BASELINE}
-    runs = {name: [] for name in candidates}
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         root, out = Path(tmp) / "original", Path(tmp) / "out"
         n_params, checkpoint_bytes = write_checkpoint(root, args.quick, args.source)
         print(f"checkpoint ({args.source}): {n_params / 1e6:.1f}M parameters, {checkpoint_bytes / 2**20:.1f} MiB")
-        # a warm-up round, so that the page cache holds the checkpoint for every timed run
-        for round_index in range(repeats + (not args.quick)):
-            for name, code in candidates.items():
-                result = measure_in_subprocess(*code, root, out)
-                if round_index or args.quick:
-                    runs[name].append(result)
-                shutil.rmtree(out)
-    for name, results in runs.items():
-        report_memory(name, results, checkpoint_bytes)
-    converter, baseline = runs["convert_optimus_checkpoint"], runs["torch.load + safetensors save"]
-    report_ratio("conversion time / (torch.load + safetensors save)", [r["seconds"] for r in converter],
-                 [r["seconds"] for r in baseline], 1.5)
-    report_ratio("conversion peak RSS above the imports / checkpoint size",
-                 [r["peak"] - r["rss_before"] for r in converter], [checkpoint_bytes] * len(converter), 1.5)
-    report_ratio("(for comparison) whole-process peak RSS of the conversion / checkpoint size",
-                 [r["peak"] for r in converter], [checkpoint_bytes] * len(converter))
+        runs = measure_rounds({"convert_optimus_checkpoint": (*CONVERSION, (root, out)),
+                               "torch.load + safetensors save": (*BASELINE, (root, out))},
+                              repeats, warmup=not args.quick, after_each=lambda: shutil.rmtree(out))
+    report_conversion(runs, "convert_optimus_checkpoint", "torch.load + safetensors save", checkpoint_bytes)
 
 
 if __name__ == "__main__":

@@ -90,14 +90,40 @@ def measure_in_subprocess(setup, work, *argv):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def report_memory(name, runs, checkpoint_bytes):
-    """The peak memory line of one side of a conversion benchmark: above the imports and of the whole process."""
-    above = statistics.median(run["peak"] - run["rss_before"] for run in runs)
-    whole = statistics.median(run["peak"] for run in runs)
-    seconds = ", ".join(f"{run['seconds']:.2f}" for run in runs)
-    print(f"  {name}: seconds {seconds}; peak RSS above the imports "
-          f"{above / 2**20:.0f} MiB = {above / checkpoint_bytes:.2f}x the checkpoint; whole process "
-          f"{whole / 2**20:.0f} MiB = {whole / checkpoint_bytes:.2f}x")
+def measure_rounds(candidates, repeats, warmup=1, after_each=None):
+    """`{name: [measurement]}` of `measure_in_subprocess` runs: every candidate `{name: (setup, work, argv)}` once
+    per round, taking turns, after `warmup` untimed rounds (they put the sources in the page cache).
+    `after_each()` runs after every run (e.g. to remove its output)."""
+    runs = {name: [] for name in candidates}
+    for round_index in range(warmup + repeats):
+        for name, (setup_code, work, argv) in candidates.items():
+            result = measure_in_subprocess(setup_code, work, *argv)
+            if round_index >= warmup:
+                runs[name].append(result)
+            if after_each is not None:
+                after_each()
+    return runs
+
+
+def report_conversion(runs, conversion, baseline, checkpoint_bytes, target=1.5):
+    """The result lines of a conversion benchmark from the `measure_rounds` runs of the `conversion` and the
+    `baseline` (names): the seconds and memory of both, the time ratio and the conversion's peak memory against the
+    checkpoint size (above the imports, the target; and of the whole process)."""
+    converted, copied = runs[conversion], runs[baseline]
+    for name in (conversion, baseline):
+        above = statistics.median(run["peak"] - run["rss_before"] for run in runs[name])
+        whole = statistics.median(run["peak"] for run in runs[name])
+        seconds = ", ".join(f"{run['seconds']:.2f}" for run in runs[name])
+        print(f"  {name}: seconds {seconds}; peak RSS above the imports {above / 2**20:.0f} MiB = "
+              f"{above / checkpoint_bytes:.2f}x the checkpoint; whole process {whole / 2**20:.0f} MiB = "
+              f"{whole / checkpoint_bytes:.2f}x")
+    sizes = [checkpoint_bytes] * len(converted)
+    report_ratio(f"conversion time / ({baseline})", [r["seconds"] for r in converted],
+                 [r["seconds"] for r in copied], target)
+    report_ratio("conversion peak RSS above the imports / checkpoint size",
+                 [r["peak"] - r["rss_before"] for r in converted], sizes, target)
+    report_ratio("(for comparison) whole-process peak RSS of the conversion / checkpoint size",
+                 [r["peak"] for r in converted], sizes)
 
 
 def report_ratio(label, numerator, denominator, target=None, higher_is_better=False):

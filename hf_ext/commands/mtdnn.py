@@ -205,11 +205,11 @@ def _distill(args):
 def _run(args, distill=False):
     from tempfile import TemporaryDirectory
 
-    from transformers import PrinterCallback, TrainingArguments
+    from transformers import TrainingArguments
 
     from ..errors import HfExtError
     from ..output import atomic_output_dir, check_output_dir
-    from ..training import StderrLogCallback
+    from ..training import send_logs_to_stderr
     from ..training.mtdnn import MTDNNTrainer, add_soft_labels, load_task_file, mtdnn_lora, task_metric_names
 
     train_files, eval_files, layouts = _check_arguments(args)
@@ -259,9 +259,9 @@ def _run(args, distill=False):
             report_to=[], disable_tqdm=True, dataloader_pin_memory=torch.cuda.is_available(),
         )
         trainer = MTDNNTrainer(model=model, args=training_args, train_dataset=train, eval_dataset=evaluation or None,
-                               mix_opt=args.mix_opt, ratio=args.ratio, callbacks=[StderrLogCallback()],
+                               mix_opt=args.mix_opt, ratio=args.ratio,
                                **({"kd_loss": args.kd_loss, "kd_weight": args.kd_weight} if distill else {}))
-        trainer.remove_callback(PrinterCallback)  # its log lines would go to stdout
+        send_logs_to_stderr(trainer)
         result = trainer.train()
         metrics = trainer.evaluate() if evaluation else {}
         model.save_pretrained(staging)  # a LoRA model saves its adapter and the heads

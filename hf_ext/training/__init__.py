@@ -15,7 +15,7 @@ from .optimus import (
     optimus_core,
     optimus_lora,
 )
-from .trainer import StderrLogCallback, TermLoggingTrainer, TermMeans
+from .trainer import StderrLogCallback, TermLoggingTrainer, TermMeans, send_logs_to_stderr
 from .plots import curves_from_log_history, plot_interpolation_table, plot_training_curves, require_matplotlib
 from .mtdnn import (  # MT-DNN multi-task training; its names join __all__ below
     MTDNNCollator,
@@ -34,6 +34,7 @@ from ..metrics.optimus import evaluate_optimus_lm, optimus_lm_statistics
 
 __all__ = ["BetaScheduleCallback", "DECODER_LORA_TARGETS", "ENCODER_LORA_TARGETS", "LATENT_MODULES",
            "OptimusDataCollator", "OptimusTrainer", "StderrLogCallback", "TermLoggingTrainer", "TermMeans",
+           "send_logs_to_stderr",
            "curves_from_log_history",
            "evaluate_optimus_lm", "finetune_optimus", "frange_cycle_linear", "frange_cycle_zero_linear", "load_optimus_lora",
            "load_text_dataset", "optimus_core", "optimus_lm_statistics", "optimus_lora", "plot_interpolation_table",

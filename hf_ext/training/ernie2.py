@@ -33,7 +33,7 @@ from ..models.ernie2 import PRETRAINING_TASKS, Ernie2ForPreTraining
 from ..output import atomic_output_dir
 from .ernie2_data import Ernie2PreTrainingCollator
 from .mtdnn import GLUE_ALIASES, GLUE_LAYOUTS, glue_layout, load_glue_tsv
-from .trainer import StderrLogCallback, TermLoggingTrainer
+from .trainer import TermLoggingTrainer, send_logs_to_stderr
 
 SCHEDULE_FILE = "schedule.json"
 STAGE_MODEL = "model"
@@ -286,7 +286,7 @@ def continual_pretraining(model, schedule, datasets, args, processing_class=None
                                    stage=stage, train_dataset=datasets, data_collator=data_collator,
                                    stage_index=index, processing_class=processing_class, callbacks=callbacks)
         if log_to_stderr:
-            _log_to_stderr(trainer)
+            send_logs_to_stderr(trainer)
         trainer.train(resume_from_checkpoint=checkpoint)
         model = trainer.model
         if trainer.is_world_process_zero():
@@ -300,14 +300,6 @@ def continual_pretraining(model, schedule, datasets, args, processing_class=None
     if finished is not None:
         model = type(model).from_pretrained(finished)
     return model, histories
-
-
-def _log_to_stderr(trainer):
-    from transformers import PrinterCallback
-
-
-    trainer.remove_callback(PrinterCallback)
-    trainer.add_callback(StderrLogCallback())
 
 
 def _record_schedule(out, schedule):
@@ -437,7 +429,7 @@ def finetune_glue(model_name_or_path, task, train_file, args, eval_file=None, ta
                       data_collator=TaskIdCollator(tokenizer, task_id), processing_class=tokenizer,
                       compute_metrics=glue_metrics(key), callbacks=callbacks)
     if log_to_stderr:
-        _log_to_stderr(trainer)
+        send_logs_to_stderr(trainer)
     trainer.train()
     metrics = trainer.evaluate() if evaluation is not None else {}
     return trainer, metrics

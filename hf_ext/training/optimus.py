@@ -17,7 +17,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import unwrap_peft_model
 
 from ..errors import HfExtError
-from .trainer import StderrLogCallback, TermLoggingTrainer
+from .trainer import TermLoggingTrainer, send_logs_to_stderr
 
 # Original training defaults (`run_lm_vae_training.py` argparse)
 DEFAULT_RATIO_INCREASE = 0.25
@@ -180,7 +180,7 @@ def finetune_optimus(model, processor, dataset, output_dir, max_steps, batch_siz
     `config.beta`, free bits, length weighting as configured). `output_dir` is the Trainer's working folder; the
     trained model stays in memory. `log_to_stderr` writes the logs as JSON lines on stderr instead of stdout.
     Returns the `OptimusTrainer` after training."""
-    from transformers import PrinterCallback, TrainingArguments
+    from transformers import TrainingArguments
 
     training_args = TrainingArguments(
         output_dir=str(output_dir), max_steps=max_steps, per_device_train_batch_size=batch_size,
@@ -192,8 +192,7 @@ def finetune_optimus(model, processor, dataset, output_dir, max_steps, batch_siz
                              data_collator=OptimusDataCollator(processor, text_column, max_length),
                              callbacks=[schedule, *callbacks])
     if log_to_stderr:
-        trainer.remove_callback(PrinterCallback)
-        trainer.add_callback(StderrLogCallback())
+        send_logs_to_stderr(trainer)
     trainer.train()
     return trainer
 

@@ -4,7 +4,7 @@ for command-line runs."""
 import json
 
 import torch
-from transformers import Trainer, TrainerCallback
+from transformers import PrinterCallback, Trainer, TrainerCallback
 
 from ..export import log
 
@@ -16,6 +16,12 @@ class StderrLogCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:
             log(json.dumps({"step": state.global_step, **logs}))
+
+
+def send_logs_to_stderr(trainer):
+    """Send `trainer`'s logs to stderr as JSON lines instead of printing them on stdout."""
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(StderrLogCallback())
 
 
 class TermMeans:

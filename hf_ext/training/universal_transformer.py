@@ -22,7 +22,7 @@ from ..models.universal_transformer import (
     UniversalTransformerForSequenceClassification,
 )
 from .plots import _figure
-from .trainer import StderrLogCallback, TermLoggingTrainer
+from .trainer import TermLoggingTrainer, send_logs_to_stderr
 
 TASKS = ("copy", "reverse", "addition")
 PAD_TOKEN = "<pad>"
@@ -186,9 +186,6 @@ def train_algorithmic(model, train_dataset, output_dir, max_steps, batch_size=32
     `algorithmic_dataset` with `UniversalTransformerTrainer` (AdamW, linear warm-up over `warmup_steps`, default a
     tenth of the run, then linear decay). `output_dir` is the Trainer's working folder; the trained model stays in
     memory. `log_to_stderr` writes the logs as JSON lines on stderr instead of stdout. Returns the trainer."""
-    from transformers import PrinterCallback
-
-
     args = TrainingArguments(
         output_dir=str(output_dir), max_steps=max_steps, per_device_train_batch_size=batch_size,
         learning_rate=learning_rate, warmup_steps=max_steps // 10 if warmup_steps is None else warmup_steps,
@@ -198,8 +195,7 @@ def train_algorithmic(model, train_dataset, output_dir, max_steps, batch_size=32
                                           data_collator=DataCollatorForSeq2Seq(algorithmic_tokenizer()),
                                           callbacks=list(callbacks))
     if log_to_stderr:
-        trainer.remove_callback(PrinterCallback)
-        trainer.add_callback(StderrLogCallback())
+        send_logs_to_stderr(trainer)
     trainer.train()
     return trainer
 
