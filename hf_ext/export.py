@@ -9,6 +9,7 @@ from huggingface_hub.utils.sha import sha_fileobj
 from safetensors.torch import save_file
 from transformers import GenerationConfig
 from transformers.dynamic_module_utils import custom_object_save
+from transformers.initialization import no_init_weights
 
 from .errors import HfExtError
 
@@ -20,7 +21,7 @@ def log(message):
 
 def empty_model(model_class, config):
     """The model's structure without allocating or initialising weights (used to check keys and shapes)."""
-    with torch.device("meta"):
+    with torch.device("meta"), no_init_weights():
         return model_class(config)
 
 

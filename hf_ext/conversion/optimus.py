@@ -251,8 +251,9 @@ def build_config(original, latent_as_gpt_memory=None, latent_as_gpt_emb=None, sp
 
     memory = _flag(latent_as_gpt_memory) if latent_as_gpt_memory is not None else _flag(arg("latent_as_gpt_memory", 1))
     emb = _flag(latent_as_gpt_emb) if latent_as_gpt_emb is not None else _flag(arg("latent_as_gpt_emb", 1))
-    tied = torch.equal(dec_state["lm_head.weight"], dec_state["transformer.wte.weight"]) \
-        if "lm_head.weight" in dec_state else True
+    head, embedding = dec_state.get("lm_head.weight"), dec_state["transformer.wte.weight"]
+    # torch.save keeps tied tensors as one storage; the comparison is for files that stored two copies
+    tied = head is None or head.data_ptr() == embedding.data_ptr() or torch.equal(head, embedding)
     return OptimusConfig(
         encoder=encoder,
         decoder=decoder,
@@ -359,30 +360,37 @@ def reference_errors(model, reference):
     return {name: (value - reference[name]).abs().max().item() for name, value in ours.items() if name in reference}
 
 
-def round_trip_error(path, written, block_bytes=16 << 20):
+def round_trip_error(path, written, block_bytes=32 << 20):
     """Max abs difference between the tensors stored in the safetensors file at `path` and `written`, emptying
     `written` as it goes (names absent from the file are tied copies, which are not stored).
 
-    Memory stays near one copy of the checkpoint: each tensor is compared in blocks of rows through its own memory
-    map, which is closed (its pages leave this process) before the next, and the written tensor is released once
-    compared. Smallest first, so the released tensors make room for the larger ones still to be paged in."""
+    Memory stays near one copy of the checkpoint: the file is read through a series of memory maps, each closed
+    (its pages leave this process) before the next, over groups of tensors of about `block_bytes`, smallest first
+    so that the originals released make room for the larger tensors still to come; a larger tensor has a map of its
+    own and is compared in blocks of rows."""
+    def nbytes(name):
+        return written[name].numel() * written[name].element_size()
+
     with safe_open(path, "pt") as stored:
-        names = sorted(stored.keys(), key=lambda name: written[name].numel())
-    error = 0.0
+        names = sorted(stored.keys(), key=nbytes)
+    groups = [[]]
     for name in names:
-        tensor = written.pop(name)
-        rows = max(1, block_bytes // max(1, tensor[0].numel() * tensor.element_size())) if tensor.dim() else 1
+        if groups[-1] and sum(map(nbytes, groups[-1])) + nbytes(name) > block_bytes:
+            groups.append([])
+        groups[-1].append(name)
+    error = 0.0
+    for group in groups:
         with safe_open(path, "pt") as stored:
-            if tensor.dim() == 0:
-                blocks = [(stored.get_tensor(name), tensor)]
-            else:
+            for name in group:
+                tensor = written.pop(name)
                 column = stored.get_slice(name)
-                bounds = [(start, min(start + rows, len(tensor))) for start in range(0, len(tensor), rows)]
-                blocks = ((column[start:stop], tensor[start:stop]) for start, stop in bounds)
-            for read, kept in blocks:
-                if not torch.equal(read, kept):
-                    error = max(error, (read - kept).abs().max().item())
-        del tensor, blocks, read, kept
+                rows = max(1, block_bytes // max(1, tensor[0].numel() * tensor.element_size())) if tensor.dim() else 1
+                blocks = ((column[start:min(start + rows, len(tensor))], tensor[start:start + rows])
+                          for start in range(0, len(tensor), rows)) if tensor.dim() else [(column[...], tensor)]
+                for read, kept in blocks:
+                    if not torch.equal(read, kept):
+                        error = max(error, (read - kept).abs().max().item())
+                del tensor, blocks, read, kept
     written.clear()
     return error
 
