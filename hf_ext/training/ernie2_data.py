@@ -30,7 +30,6 @@ same examples whatever the batching of `datasets.map`.
 """
 
 import functools
-import json
 import operator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +45,7 @@ from ..models.ernie2 import (
     TOKEN_LEVEL_TASKS,
     sentence_reordering_label,
 )
+from ..text_files import json_lines, read_lines
 
 DOCUMENT_TASKS = ("knowledge_masking", "capitalization", "token_document_relation", "sentence_reordering",
                   "sentence_distance")
@@ -69,16 +69,6 @@ ENTITY_CONNECTORS = frozenset({"of", "de", "da", "del", "van", "von", "der", "la
 
 
 # ----- documents ---------------------------------------------------------------------------------------------------
-
-def _read_text(path, what):
-    path = Path(path)
-    if not path.is_file():
-        raise HfExtError(f"{what} {path} does not exist")
-    try:
-        return path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise HfExtError(f"{what} {path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
-
 
 def _string_list(value, where, name):
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
@@ -122,18 +112,10 @@ def load_documents(path):
       documents (lines of white space count as blank).
     """
     path = Path(path)
-    text = _read_text(path, "documents file")
     if path.suffix.lower() in (".jsonl", ".json"):
-        records = []
-        for number, line in enumerate(text.split("\n"), 1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as error:
-                    raise HfExtError(f"{path}, line {number}: not JSON ({error.msg})") from None
-        return documents_from_records(records, str(path))
+        return documents_from_records([record for _, record in json_lines(path, "documents file")], str(path))
     documents, paragraphs, sentences, blank_run = [], [], [], 0
-    for line in [*text.split("\n"), "", ""]:
+    for line in [*read_lines(path, "documents file"), "", ""]:
         if line.strip():
             if blank_run >= 2 and paragraphs:
                 documents.append({"paragraphs": paragraphs})
@@ -160,14 +142,7 @@ def load_labelled_pairs(path, task, num_labels=IR_RELEVANCE_CLASSES):
     if task not in PAIR_TASKS:
         raise HfExtError(f"labelled pairs are the data of {' and '.join(PAIR_TASKS)}, not {task}")
     columns = {"sentence1": [], "sentence2": [], "label": []}
-    for number, line in enumerate(_read_text(path, f"{task} pairs file").split("\n"), 1):
-        if not line.strip():
-            continue
-        where = f"{path}, line {number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise HfExtError(f"{where}: not JSON ({error.msg})") from None
+    for where, row in json_lines(path, f"{task} pairs file"):
         if not isinstance(row, dict) or not all(isinstance(row.get(key), str) and row[key].strip()
                                                 for key in ("sentence1", "sentence2")):
             raise HfExtError(f"{where}: a pair is an object with non-empty sentence1, sentence2 and a label")
@@ -192,7 +167,7 @@ def word_splitter(tokenizer):
 
 def read_lexicon(path):
     """The entries of a lexicon file: one entity or phrase per line."""
-    entries = [line.strip() for line in _read_text(path, "lexicon").split("\n") if line.strip()]
+    entries = [line.strip() for line in read_lines(path, "lexicon") if line.strip()]
     if not entries:
         raise HfExtError(f"lexicon {path} is empty")
     return entries

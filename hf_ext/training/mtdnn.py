@@ -12,7 +12,6 @@ probabilities).
 import bisect
 import contextlib
 import itertools
-import json
 import random
 import warnings
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from transformers.trainer_utils import unwrap_peft_model
 from ..errors import HfExtError
 from ..export import log
 from ..metrics import load_metric
+from ..text_files import json_lines, read_lines
 from .optimus import ENCODER_LORA_TARGETS  # BERT's self-attention projections
 from .trainer import TermLoggingTrainer
 
@@ -83,18 +83,6 @@ def _task(config, task):
     return spec, config.task_index(spec["name"])
 
 
-def _read_lines(path, what):
-    path = Path(path)
-    if not path.is_file():
-        raise HfExtError(f"{what} {path} does not exist")
-    try:
-        # utf-8-sig: the GLUE MRPC files start with a byte-order mark; only newlines end a row (the texts hold other
-        # characters that str.splitlines would split on)
-        return [line.rstrip("\r") for line in path.read_text(encoding="utf-8-sig").split("\n")]
-    except UnicodeDecodeError as error:
-        raise HfExtError(f"{what} {path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
-
-
 def _label_id(value, names, num_labels, where):
     """A classification label: one of the label `names`, or a class id."""
     if names and value in names:
@@ -140,7 +128,7 @@ def load_glue_tsv(path, config, task, tokenizer, max_length=512, layout=None):
         holds = "single sentences" if shape.hypothesis is None else "pairs"
         raise HfExtError(f"task {spec['name']} reads {spec['data_format']} rows but the GLUE layout "
                          f"{layout or spec['name']} holds {holds}")
-    lines = _read_lines(path, "GLUE file")
+    lines = read_lines(path, "GLUE file")
     if not any(line.strip() for line in lines):
         raise HfExtError(f"GLUE file {path} is empty")
     first = lines[0].split("\t")
@@ -210,14 +198,7 @@ def load_mtdnn_json(path, config, task, max_length=None):
     pairs = spec["data_format"] != "PremiseOnly"  # segment 1 holds the hypothesis
     columns = {"input_ids": [], "token_type_ids": [], "attention_mask": [], "labels": [], "soft_labels": []}
     dropped = 0
-    for number, line in enumerate(_read_lines(path, "JSON-lines file"), 1):
-        if not line.strip():
-            continue
-        where = f"{path}, line {number}"
-        try:
-            sample = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise HfExtError(f"{where}: not JSON ({error.msg})") from None
+    for where, sample in json_lines(path, "JSON-lines file"):
         if not isinstance(sample, dict) or "token_id" not in sample or "type_id" not in sample:
             raise HfExtError(f"{where}: a row needs token_id and type_id (the original's prepro_std.py format)")
         ids, types = sample["token_id"], sample["type_id"]

@@ -1,0 +1,33 @@
+"""Reading the text data files that training commands take (GLUE TSVs, JSON lines, plain text), with one clear
+`HfExtError` line for a file that is missing, not UTF-8 or not JSON where JSON is expected."""
+
+import json
+from pathlib import Path
+
+from .errors import HfExtError
+
+
+def read_lines(path, what):
+    """The lines of the UTF-8 text file at `path` (`what` names it in errors). utf-8-sig drops a byte-order mark (the
+    GLUE MRPC files start with one); only newlines end a line, since texts hold other characters that
+    `str.splitlines` would split on."""
+    path = Path(path)
+    if not path.is_file():
+        raise HfExtError(f"{what} {path} does not exist")
+    try:
+        return [line.rstrip("\r") for line in path.read_text(encoding="utf-8-sig").split("\n")]
+    except UnicodeDecodeError as error:
+        raise HfExtError(f"{what} {path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
+def json_lines(path, what):
+    """`(where, value)` for every non-blank line of the JSON-lines file at `path`; `where` ("PATH, line N") is for
+    the caller's own errors about the value."""
+    for number, line in enumerate(read_lines(path, what), 1):
+        if not line.strip():
+            continue
+        where = f"{path}, line {number}"
+        try:
+            yield where, json.loads(line)
+        except json.JSONDecodeError as error:
+            raise HfExtError(f"{where}: not JSON ({error.msg})") from None
