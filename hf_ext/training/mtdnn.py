@@ -10,10 +10,8 @@ probabilities).
 """
 
 import bisect
-import contextlib
 import itertools
 import random
-import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -31,7 +29,7 @@ from ..export import log
 from ..metrics import load_metric
 from ..text_files import json_lines, read_lines
 from .optimus import ENCODER_LORA_TARGETS  # BERT's self-attention projections
-from .trainer import TermLoggingTrainer
+from .trainer import TermLoggingTrainer, quiet_peft
 
 # ----- data ---------------------------------------------------------------------------------------------------------
 
@@ -721,7 +719,7 @@ def mtdnn_lora(model, r=8, lora_alpha=16, lora_dropout=0.0, target_modules=ENCOD
     heads = [f"heads.{name}" for name in model.config.task_names]
     config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=list(target_modules),
                         modules_to_save=heads)
-    with _quiet_peft():
+    with quiet_peft():
         return get_peft_model(model, config)
 
 
@@ -729,16 +727,8 @@ def load_mtdnn_lora(model, adapter, **kwargs):
     """`PeftModel.from_pretrained(model, adapter)` for an adapter saved from `mtdnn_lora` (with its heads)."""
     from peft import PeftModel
 
-    with _quiet_peft():
+    with quiet_peft():
         return PeftModel.from_pretrained(model, adapter, **kwargs)
-
-
-@contextlib.contextmanager
-def _quiet_peft():
-    # PEFT reads transformers' deprecated `is_gradient_checkpointing`: nothing for the user to change
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
-        yield
 
 
 __all__ = ["GLUE_LAYOUTS", "GlueLayout", "KD_LOSSES", "MTDNNCollator", "MTDNNTrainer",

@@ -5,9 +5,6 @@ The schedules follow ChunyuanLI/Optimus `code/examples/big_ae/utils.py` (`frange
 `frange_cycle_zero_linear`); `run_lm_vae_training.py` reads the schedule at the index of the current update.
 """
 
-import contextlib
-import re
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +14,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import unwrap_peft_model
 
 from ..errors import HfExtError
-from .trainer import TermLoggingTrainer, send_logs_to_stderr
+from .trainer import TermLoggingTrainer, quiet_peft, send_logs_to_stderr
 
 # Original training defaults (`run_lm_vae_training.py` argparse)
 DEFAULT_RATIO_INCREASE = 0.25
@@ -212,7 +209,7 @@ def optimus_lora(model, r=8, lora_alpha=16, lora_dropout=0.0, encoder_targets=EN
         raise ValueError("give at least one LoRA target module")
     config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=targets,
                         modules_to_save=list(modules_to_save), fan_in_fan_out=bool(decoder_targets))
-    with _per_layer_fan_in_fan_out():
+    with quiet_peft():
         return get_peft_model(model, config)
 
 
@@ -220,17 +217,8 @@ def load_optimus_lora(model, adapter, **kwargs):
     """`PeftModel.from_pretrained(model, adapter)` for an adapter saved from `optimus_lora`."""
     from peft import PeftModel
 
-    with _per_layer_fan_in_fan_out():
+    with quiet_peft():
         return PeftModel.from_pretrained(model, adapter, **kwargs)
-
-
-@contextlib.contextmanager
-def _per_layer_fan_in_fan_out():
-    # PEFT warns for every layer whose type contradicts the config's single fan_in_fan_out value, then uses the right
-    # value for that layer; with BERT Linear and GPT-2 Conv1D targets together that is expected
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=re.escape("fan_in_fan_out is set to"))
-        yield
 
 
 __all__ = ["BetaScheduleCallback", "DECODER_LORA_TARGETS", "ENCODER_LORA_TARGETS", "LATENT_MODULES",

@@ -1,7 +1,10 @@
-"""What every model's `Trainer` here shares: logging named loss terms beside the loss, and JSON log lines on stderr
-for command-line runs."""
+"""What every model's training here shares: logging named loss terms beside the loss, JSON log lines on stderr for
+command-line runs, and PEFT calls without its expected warnings."""
 
+import contextlib
 import json
+import re
+import warnings
 
 import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback
@@ -89,3 +92,15 @@ class TermLoggingTrainer(Trainer):
         output.metrics.update({f"{metric_key_prefix}_{name}": value
                                for name, value in self.eval_terms.means(self.accelerator).items()})
         return output
+
+
+@contextlib.contextmanager
+def quiet_peft():
+    """PEFT without the warnings that need no action here: it reads transformers' deprecated
+    `is_gradient_checkpointing`, and it warns for every layer whose type contradicts the config's single
+    `fan_in_fan_out` before using the right value for that layer (expected with BERT Linear and GPT-2 Conv1D targets
+    together)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=re.escape("fan_in_fan_out is set to"))
+        yield

@@ -22,7 +22,7 @@ from ..models.universal_transformer import (
     UniversalTransformerForSequenceClassification,
 )
 from .plots import _figure
-from .trainer import TermLoggingTrainer, send_logs_to_stderr
+from .trainer import TermLoggingTrainer, quiet_peft, send_logs_to_stderr
 
 TASKS = ("copy", "reverse", "addition")
 PAD_TOKEN = "<pad>"
@@ -388,7 +388,8 @@ def universal_transformer_lora(model, r=8, lora_alpha=16, lora_dropout=0.0, modu
     lora = LoraConfig(task_type=task_type, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
                       target_modules=[*ATTENTION_LORA_TARGETS, *TRANSITION_LORA_TARGETS[config.transition]],
                       modules_to_save=list(modules_to_save) or None)
-    return get_peft_model(model, lora)
+    with quiet_peft():
+        return get_peft_model(model, lora)
 
 
 __all__ = ["ATTENTION_LORA_TARGETS", "AlgorithmicRun", "HaltingRow", "SYMBOLS", "TASKS", "TRANSITION_LORA_TARGETS",
