@@ -335,7 +335,7 @@ def test_round_trip_error_compares_every_stored_tensor_block_by_block(tmp_path):
     block of rows, scalars included), tied copies that the file does not store skipped, and `written` emptied."""
     generator = torch.Generator().manual_seed(0)
     stored = {"matrix": torch.randn(37, 5, generator=generator), "vector": torch.randn(11, generator=generator),
-              "scalar": torch.tensor(2.5)}
+              "scalar": torch.tensor(2.5), "empty": torch.zeros(0, 5)}
     save_file(stored, tmp_path / "model.safetensors")
 
     def written(**changes):

@@ -368,30 +368,38 @@ def round_trip_error(path, written, block_bytes=32 << 20):
     (its pages leave this process) before the next, over groups of tensors of about `block_bytes`, smallest first
     so that the originals released make room for the larger tensors still to come; a larger tensor has a map of its
     own and is compared in blocks of rows."""
-    def nbytes(name):
-        return written[name].numel() * written[name].element_size()
-
     with safe_open(path, "pt") as stored:
-        names = sorted(stored.keys(), key=nbytes)
-    groups = [[]]
+        names = sorted(stored.keys(), key=lambda name: _nbytes(written[name]))
+    groups, group_bytes = [[]], 0
     for name in names:
-        if groups[-1] and sum(map(nbytes, groups[-1])) + nbytes(name) > block_bytes:
+        if groups[-1] and group_bytes + _nbytes(written[name]) > block_bytes:
             groups.append([])
+            group_bytes = 0
         groups[-1].append(name)
+        group_bytes += _nbytes(written[name])
     error = 0.0
     for group in groups:
         with safe_open(path, "pt") as stored:
             for name in group:
-                tensor = written.pop(name)
-                column = stored.get_slice(name)
-                rows = max(1, block_bytes // max(1, tensor[0].numel() * tensor.element_size())) if tensor.dim() else 1
-                blocks = ((column[start:min(start + rows, len(tensor))], tensor[start:start + rows])
-                          for start in range(0, len(tensor), rows)) if tensor.dim() else [(column[...], tensor)]
-                for read, kept in blocks:
-                    if not torch.equal(read, kept):
-                        error = max(error, (read - kept).abs().max().item())
-                del tensor, blocks, read, kept
+                error = max(error, _max_difference(stored.get_slice(name), written.pop(name), block_bytes))
     written.clear()
+    return error
+
+
+def _nbytes(tensor):
+    return tensor.numel() * tensor.element_size()
+
+
+def _max_difference(stored, tensor, block_bytes):
+    """Max abs difference between a stored tensor (a safetensors slice) and `tensor`, a block of rows at a time."""
+    if tensor.dim() == 0:
+        return (stored[...] - tensor).abs().item()
+    rows = max(1, block_bytes // max(1, tensor[0:1].numel() * tensor.element_size()))
+    error = 0.0
+    for start in range(0, len(tensor), rows):
+        read, kept = stored[start:min(start + rows, len(tensor))], tensor[start:start + rows]
+        if not torch.equal(read, kept):
+            error = max(error, (read - kept).abs().max().item())
     return error
 
 
