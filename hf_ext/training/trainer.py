@@ -44,11 +44,15 @@ class TermMeans:
         self.totals[0, i] += value.detach().to(self.totals.dtype)
         self.totals[1, i] += count
 
+    def reset(self):
+        """Forget what was added (a window a previous run left unlogged)."""
+        self.totals.zero_()
+
     def means(self, accelerator):
         """`{name: mean}` over every process of the terms added since the last call (names never added are left
         out), then starts again. Every process must call it."""
         sums, counts = accelerator.reduce(self.totals.clone(), reduction="sum").tolist()
-        self.totals.zero_()
+        self.reset()
         return {name: total / count for name, total, count in zip(self.names, sums, counts) if count}
 
 
@@ -75,7 +79,7 @@ class TermLoggingTrainer(Trainer):
             self.eval_terms.add(name, gathered.sum(), gathered.numel())
 
     def train(self, *args, **kwargs):
-        self.train_terms.totals.zero_()  # a window a previous run left unlogged
+        self.train_terms.reset()  # a window a previous run left unlogged
         return super().train(*args, **kwargs)
 
     def log(self, logs, start_time=None):
@@ -86,7 +90,7 @@ class TermLoggingTrainer(Trainer):
 
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
                         metric_key_prefix="eval"):
-        self.eval_terms.totals.zero_()
+        self.eval_terms.reset()
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
                                          metric_key_prefix)
         output.metrics.update({f"{metric_key_prefix}_{name}": value
