@@ -1,12 +1,12 @@
-"""Shared test fixtures: where the repository and the shared fixtures are (read in place, never copied into the
-project), and the tiny Optimus fixture converted once per session."""
+"""Shared test fixtures: where the repository and its test fixtures are (`tests/fixtures/`, written by the original
+implementations; see `tests/fixtures/README.md`), and the tiny Optimus fixture converted once per session."""
 
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_FIXTURES = REPO_ROOT / ".." / "shared" / "fixtures"
+FIXTURES = REPO_ROOT / "tests" / "fixtures"
 
 
 @pytest.fixture(scope="session")
@@ -16,7 +16,7 @@ def repo_root():
 
 @pytest.fixture(scope="session")
 def fixtures_dir():
-    return SHARED_FIXTURES
+    return FIXTURES
 
 
 @pytest.fixture(scope="session")

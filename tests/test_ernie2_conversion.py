@@ -35,7 +35,7 @@ from hf_ext.samples_ernie2 import (
 from hub_server import MockHub
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = REPO / "../shared/fixtures/ernie2/tiny"
+TINY = REPO / "tests/fixtures/ernie2/tiny"
 STATIC, PADDLENLP = TINY / "paddle_static", TINY / "paddlenlp"
 REFERENCE = TINY / "reference.safetensors"
 ATOL = 1e-5

@@ -62,8 +62,8 @@ from hf_ext.training.ernie2_data import (
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "../shared/fixtures/ernie2/tiny"
-GLUE = REPO / "../shared/data/glue_samples"
+TINY = REPO / "tests/fixtures/ernie2/tiny"
+GLUE = REPO / "tests/data/glue_samples"
 
 CORPUS = [
     {"paragraphs": [["Marie Curie was born in Warsaw.", "She studied physics in Paris at the Sorbonne.",

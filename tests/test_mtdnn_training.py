@@ -49,8 +49,8 @@ from hf_ext.training.mtdnn import distillation_loss, mixed_task_order
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURE = REPO / "../shared/fixtures/mtdnn/tiny"
-GLUE = REPO / "../shared/data/glue_samples"
+FIXTURE = REPO / "tests/fixtures/mtdnn/tiny"
+GLUE = REPO / "tests/data/glue_samples"
 TASKS = ["mnli", "cola", "qnnli", "stsb"]  # another order than the fixture's
 TASK_DEF_EXTRA = """
 mrpc:

@@ -38,8 +38,8 @@ from hf_ext.training import (
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURE = REPO / "../shared/fixtures/optimus/tiny"
-SNLI = REPO / "../shared/data/snli_sentences"
+FIXTURE = REPO / "tests/fixtures/optimus/tiny"
+SNLI = REPO / "tests/data/snli_sentences"
 MAX_LENGTH = 24
 
 
