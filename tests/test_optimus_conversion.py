@@ -21,6 +21,7 @@ from hf_ext.cli import main
 from hf_ext.conversion.optimus import ARGS_FILE, WEIGHTS_FILE, _loading_problems, round_trip_error
 from hf_ext.export import sha256
 from hf_ext.models.optimus import kl_per_dimension
+from hf_ext.models.optimus.modeling_optimus import CACHE_NAME
 from hf_ext.samples import random_model, tiny_config, write_original_checkpoint, write_sample_checkpoint
 
 ATOL = 1e-5
@@ -137,7 +138,7 @@ def test_decoder_logits_cache_and_reconstruction_loss(converted, reference):
         outputs = model(labels=ref["dec_labels"], latent_z=ref["z"], use_cache=True)
     assert_matches(outputs.logits, ref["dec_logits"])
     assert_matches(outputs.loss_rec, ref["loss_rec"])
-    cache = outputs.past_key_values
+    cache = outputs[CACHE_NAME]
     assert len(cache.layers) == model.config.decoder.n_layer
     for layer, entry in enumerate(cache.layers):  # the original's `present`: stack(key, value), memory in slot 0
         assert_matches(torch.stack([entry.keys, entry.values]), ref[f"dec_present_{layer}"])

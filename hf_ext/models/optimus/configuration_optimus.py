@@ -36,7 +36,8 @@ class OptimusConfig(PretrainedConfig):
 
     model_type = "optimus"
     sub_configs = {"encoder": BertConfig, "decoder": GPT2Config}
-    keys_to_ignore_at_inference = ["past_key_values", "encoder_last_hidden_state", "encoder_pooler_output"]
+    # the decoder cache is `cache` from transformers 5.24 on, `past_key_values` before
+    keys_to_ignore_at_inference = ["cache", "past_key_values", "encoder_last_hidden_state", "encoder_pooler_output"]
 
     def __init__(
         self,

@@ -7,6 +7,7 @@ z reaches the decoder in two ways, each switchable in the config, exactly as in 
 - embedding: `latent_to_embedding(z)` is added to every token embedding.
 """
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -18,8 +19,18 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.utils import ModelOutput
+from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_optimus import OptimusConfig
+
+# transformers 5.24 renamed the decoder cache `past_key_values` -> `cache` in forwards, outputs and generation. The
+# name the installed version uses is decided once, here, from GPT-2's own signature.
+CACHE_NAME = "cache" if "cache" in inspect.signature(GPT2Model.forward).parameters else "past_key_values"
+# `forward(cache=...)` also takes `past_key_values=` as transformers' own models do: with their deprecation warning
+# where the old name is deprecated (5.24+), silently before (a deprecation "version" already reached is not shown).
+accept_past_key_values = deprecate_kwarg(
+    "past_key_values", "5.40.0" if CACHE_NAME == "cache" else "0", new_name="cache"
+)
 
 
 @dataclass
@@ -33,7 +44,7 @@ class OptimusOutput(ModelOutput):
     logits (`torch.FloatTensor` of shape `(batch_size, sequence_length, vocab_size)`): decoder LM logits.
     latent_z (`torch.FloatTensor` of shape `(batch_size, latent_size)`): the latent the decoder read.
     mean, logvar (`torch.FloatTensor` of shape `(batch_size, latent_size)`): the Gaussian posterior.
-    past_key_values (`Cache`): decoder cache whose slot 0 holds the latent memory.
+    cache (`Cache`): decoder cache whose slot 0 holds the latent memory (`past_key_values` before transformers 5.24).
     """
 
     loss: torch.FloatTensor | None = None
@@ -43,7 +54,10 @@ class OptimusOutput(ModelOutput):
     latent_z: torch.FloatTensor | None = None
     mean: torch.FloatTensor | None = None
     logvar: torch.FloatTensor | None = None
-    past_key_values: Cache | None = None
+    if CACHE_NAME == "cache":
+        cache: Cache | None = None
+    else:
+        past_key_values: Cache | None = None
     encoder_last_hidden_state: torch.FloatTensor | None = None
     encoder_pooler_output: torch.FloatTensor | None = None
     encoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
@@ -196,6 +210,7 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
 
     # ----- forward --------------------------------------------------------------------------------------------------
 
+    @accept_past_key_values
     def forward(
         self,
         input_ids=None,
@@ -206,7 +221,7 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
         decoder_position_ids=None,
         labels=None,
         latent_z=None,
-        past_key_values=None,
+        cache=None,
         use_cache=None,
         output_hidden_states=None,
         logits_to_keep=0,
@@ -219,6 +234,8 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
         decoder_attention_mask: optional decoder padding mask over the tokens (the memory slot is added here).
         labels: decoder targets (BOS ... EOS, right-padded with the decoder pad id).
         latent_z: use this latent instead of encoding `input_ids` (training samples the posterior, eval uses its mean).
+        cache: the decoder's `Cache` (slot 0: the latent memory, filled from `latent_z` when empty); also accepted as
+            `past_key_values`.
         logits_to_keep: logits for the last `logits_to_keep` decoder positions only (0: all; a tensor: those
             positions), as transformers' LM heads; `generate()` passes 1. The loss needs all of them.
         """
@@ -239,8 +256,7 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
         decoder_outputs = None
         if decoder_input_ids is not None:
             decoder_outputs = self._decode(
-                decoder_input_ids, latent_z, decoder_attention_mask, decoder_position_ids, past_key_values,
-                use_cache, output_hidden_states, **kwargs,
+                decoder_input_ids, latent_z, decoder_attention_mask, decoder_position_ids, cache, use_cache, output_hidden_states, **kwargs,
             )
             if labels is not None and not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
                 raise ValueError("labels need the logits of every position: leave logits_to_keep at 0")
@@ -269,15 +285,15 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
             latent_z=latent_z,
             mean=mean,
             logvar=logvar,
-            past_key_values=decoder_outputs.past_key_values if decoder_outputs is not None else None,
+            **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME) if decoder_outputs is not None else None},
             encoder_last_hidden_state=encoder_outputs.last_hidden_state if encoder_outputs is not None else None,
             encoder_pooler_output=encoder_outputs.pooler_output if encoder_outputs is not None else None,
             encoder_hidden_states=encoder_outputs.hidden_states if encoder_outputs is not None else None,
             decoder_hidden_states=decoder_outputs.hidden_states if decoder_outputs is not None else None,
         )
 
-    def _decode(self, input_ids, latent_z, attention_mask, position_ids, past_key_values, use_cache,
-                output_hidden_states, **kwargs):
+    def _decode(self, input_ids, latent_z, attention_mask, position_ids, cache, use_cache, output_hidden_states,
+                **kwargs):
         config = self.config
         batch_size = input_ids.size(0)
         inputs_embeds = self.decoder.wte(input_ids)
@@ -287,8 +303,8 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
                 raise ValueError(f"latent_z has {latent_z.size(0)} rows but the decoder input has {batch_size}")
             if config.latent_as_gpt_emb:
                 inputs_embeds = inputs_embeds + self.latent_to_embedding(latent_z).unsqueeze(1)
-            if with_memory and (past_key_values is None or past_key_values.get_seq_length() == 0):
-                past_key_values = self.memory_cache(latent_z, past_key_values)
+            if with_memory and (cache is None or cache.get_seq_length() == 0):
+                cache = self.memory_cache(latent_z, cache)
         if attention_mask is not None:
             if with_memory:
                 attention_mask = torch.cat([attention_mask.new_ones(batch_size, 1), attention_mask], dim=1)
@@ -299,21 +315,22 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             use_cache=use_cache,
+            **{CACHE_NAME: cache},
             output_hidden_states=output_hidden_states,
             **kwargs,
         )
 
-    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, past_key_values=None,
-                                      attention_mask=None, **kwargs):
-        # generate() grows the decoder sequence under the name `input_ids`; the encoder side is not used here.
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, attention_mask=None, **kwargs):
+        # generate() grows the decoder sequence under the name `input_ids`; the encoder side is not used here. The
+        # cache travels in `kwargs` under the installed version's name (CACHE_NAME).
         kwargs.pop("position_ids", None)  # positions come from the mask and the memory slot in `_decode`
         model_inputs = super().prepare_inputs_for_generation(
-            input_ids, next_sequence_length=next_sequence_length, past_key_values=past_key_values,
-            attention_mask=attention_mask, **kwargs,
+            input_ids, next_sequence_length=next_sequence_length, attention_mask=attention_mask, **kwargs,
         )
         model_inputs.pop("position_ids", None)
+        if CACHE_NAME in model_inputs:
+            model_inputs["cache"] = model_inputs.pop(CACHE_NAME)
         model_inputs["decoder_input_ids"] = model_inputs.pop("input_ids")
         if "attention_mask" in model_inputs:
             model_inputs["decoder_attention_mask"] = model_inputs.pop("attention_mask")

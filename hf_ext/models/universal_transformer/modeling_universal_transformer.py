@@ -585,11 +585,12 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
     def _supports_default_dynamic_cache(cls):
         return False  # no decoding cache: nothing for generate() to build
 
-    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, past_key_values=None, **kwargs):
-        # without a cache every step re-reads the whole decoder prefix (the ACT loop runs over all of it)
-        kwargs.pop("use_cache", None)
-        return super().prepare_inputs_for_generation(input_ids, next_sequence_length=None, past_key_values=None,
-                                                     **kwargs)
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, **kwargs):
+        # without a cache every step re-reads the whole decoder prefix (the ACT loop runs over all of it); a cache
+        # arrives under no name this model reads (`cache` since transformers 5.24, `past_key_values` before)
+        for unused in ("use_cache", "cache", "past_key_values"):
+            kwargs.pop(unused, None)
+        return super().prepare_inputs_for_generation(input_ids, **kwargs)
 
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
