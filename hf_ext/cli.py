@@ -5,6 +5,7 @@ line on stderr and a non-zero exit; set HF_EXT_DEBUG=1 for the traceback.
 """
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -76,11 +77,23 @@ def convert_main(model, argv=None, prog=None):
     return execute(parser.parse_args(argv), parser.prog)
 
 
+def needs_the_hub(args) -> bool:
+    """Whether a command may reach the Hub: `push`, or a model argument that is no local path (a repo id). Every
+    other command reads and writes local files only, so it runs with the Hub switched off."""
+    if getattr(args, "command", None) == "push":
+        return True
+    models = [getattr(args, "model", None), *(getattr(args, "teacher", None) or [])]
+    return any(isinstance(name, str) and not os.path.exists(name) for name in models)
+
+
 def execute(args, prog):
     """Run a parsed command; user-facing failures become one error line and a non-zero exit code."""
+    from .hub import hub_offline
+
     _quiet_libraries()
     try:
-        args.handler(args)
+        with contextlib.nullcontext() if needs_the_hub(args) else hub_offline():
+            args.handler(args)
     except HfExtError as error:
         return _fail(prog, str(error))
     except KeyboardInterrupt:

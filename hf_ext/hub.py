@@ -4,9 +4,10 @@ folder into a local Hub cache so that `from_pretrained("org/name")` resolves off
 import hashlib
 import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
-from huggingface_hub import HfApi, ModelCard, ModelCardData
+from huggingface_hub import HfApi, ModelCard, ModelCardData, constants
 from huggingface_hub.errors import HfHubHTTPError
 
 from .errors import HfExtError
@@ -81,3 +82,21 @@ def install_into_hub_cache(folder, repo_id, hub_cache):
             (absent / name).parent.mkdir(parents=True, exist_ok=True)
             (absent / name).touch()
     return snapshot
+
+
+@contextmanager
+def hub_offline():
+    """No request to the Hub inside this block, whatever the environment: what `HF_HUB_OFFLINE=1` does, for work that
+    only reads local files. huggingface_hub (and transformers through it) reads `constants.HF_HUB_OFFLINE` at each
+    call; `datasets`, when already imported, keeps its own copy. Without it, loading from a local Hub cache still
+    asks the Hub for an `adapter_config.json` and huggingface_hub fetches its agent registry for request headers."""
+    modules = [constants, sys.modules.get("datasets.config")]
+    previous = [module.HF_HUB_OFFLINE for module in modules if module is not None]
+    for module in modules:
+        if module is not None:
+            module.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        for module, value in zip([m for m in modules if m is not None], previous):
+            module.HF_HUB_OFFLINE = value

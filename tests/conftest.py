@@ -38,6 +38,27 @@ def optimus_tiny_converted(optimus_tiny, tmp_path_factory):
     return out
 
 
+@pytest.fixture
+def no_network(monkeypatch):
+    """Fail on any attempt to open a network connection (name lookups included), in an environment that allows the
+    Hub (HF_HUB_OFFLINE unset): what runs under it must make no request at all. Yields the attempts."""
+    import socket
+
+    from huggingface_hub import constants
+
+    attempts = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise OSError("network access during a test that must stay local")
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    yield attempts
+    assert attempts == [], f"network requests were made: {attempts}"
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread for a module of tiny models: extra threads only add synchronisation, which costs seconds

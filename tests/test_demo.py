@@ -8,10 +8,11 @@ from hf_ext.cli import main
 
 
 @pytest.mark.slow
-def test_demo_runs_end_to_end(tmp_path, capsys):
+def test_demo_runs_end_to_end(tmp_path, capsys, no_network):
     workdir = tmp_path / "demo"
     assert main(["demo", "--workdir", str(workdir), "--max-steps", "4"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "huggingface.co" not in err and "Retrying" not in err
     for step in ("1. writing", "2. converting", "3. loading AutoModel.from_pretrained('hf-ext/optimus-demo')",
                  "4. fine-tuning", "5. reconstructions", "t=1.00", "done:"):
         assert step in out

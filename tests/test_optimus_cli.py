@@ -49,7 +49,7 @@ def test_encode_prints_the_posterior_mean(converted, capsys):
     torch.testing.assert_close(torch.tensor(record["logvar"]), logvar[0], atol=1e-5, rtol=1e-5)
 
 
-def test_reconstruct_interpolate_analogy_sample(converted, capsys):
+def test_reconstruct_interpolate_analogy_sample(converted, capsys, no_network):
     folder, _ = converted
     assert main(["optimus", "reconstruct", str(folder), "a dog runs .", "a cat sleeps .", "--max-new-tokens", "4"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
