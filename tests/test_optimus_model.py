@@ -120,6 +120,44 @@ def test_logits_to_keep(model):
     assert model._supports_logits_to_keep()
 
 
+def test_cache_naming_follows_the_installed_transformers(model, caplog):
+    """transformers 5.24 renamed `past_key_values` to `cache`: generation (greedy, beams, left padding) goes through
+    without a deprecation message from hf-ext's own calls, the output field has the installed version's name, and a
+    user's `past_key_values=` gives the same result as `cache=`."""
+    import inspect
+    import warnings
+
+    from transformers import GPT2Model
+
+    from hf_ext.models.optimus.modeling_optimus import CACHE_NAME
+
+    assert CACHE_NAME == ("cache" if "cache" in inspect.signature(GPT2Model.forward).parameters else "past_key_values")
+    latent = torch.randn(3, LATENT, generator=torch.Generator().manual_seed(5))
+    prompt = torch.full((3, 3), PAD)
+    prompt[:, -1] = BOS
+    mask = torch.zeros(3, 3, dtype=torch.long)
+    mask[:, -1] = 1
+    with warnings.catch_warnings(), caplog.at_level("WARNING", logger="transformers"):
+        warnings.simplefilter("error", FutureWarning)
+        greedy = model.generate(latent_z=latent, max_new_tokens=4, do_sample=False)
+        model.generate(latent_z=latent, max_new_tokens=4, num_beams=2)
+        padded = model.generate(latent_z=latent, input_ids=prompt, attention_mask=mask, max_new_tokens=4,
+                                do_sample=False)
+    assert torch.equal(padded[:, 2:], greedy)
+    assert not [r for r in caplog.records if "deprecated" in r.getMessage()]
+
+    with torch.no_grad():
+        first = model(labels=greedy[:, :3], latent_z=latent, use_cache=True)
+        assert CACHE_NAME in first.keys() and len(first[CACHE_NAME].layers) == model.config.decoder.n_layer
+        step = greedy[:, 3:4]
+        with_cache = model(decoder_input_ids=step, latent_z=latent, cache=first[CACHE_NAME]).logits
+        first = model(labels=greedy[:, :3], latent_z=latent, use_cache=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # transformers' own notice on 5.24+
+            with_old_name = model(decoder_input_ids=step, latent_z=latent, past_key_values=first[CACHE_NAME]).logits
+    torch.testing.assert_close(with_old_name, with_cache, atol=0, rtol=0)
+
+
 def test_generate_without_latent_is_refused(model):
     with pytest.raises(ValueError, match="latent_z"):
         model.generate(max_new_tokens=3)
