@@ -250,8 +250,50 @@ def test_bad_glue_files_are_refused_with_one_line(glue_config, tokenizer, tmp_pa
         load_glue_tsv(GLUE / "QNLI" / "dev.tsv", glue_config, "boolq", tokenizer)
     with pytest.raises(HfExtError, match="does not exist"):
         load_glue_tsv(tmp_path / "missing.tsv", glue_config, "qnli", tokenizer)
-    with pytest.raises(HfExtError, match="ranking task"):
+    with pytest.raises(HfExtError, match="no pair of rows with one question and one positive and one negative"):
         load_glue_tsv(GLUE / "QNLI" / "dev.tsv", tiny_config(), "qnnli", tokenizer)
+    with pytest.raises(HfExtError, match="ranking task qnnli reads GLUE TSV rows as the original's QNLI ranking"):
+        load_glue_tsv(GLUE / "QNLI" / "dev.tsv", tiny_config(), "qnnli", tokenizer, layout="stsb")
+
+
+def test_qnli_tsv_reads_as_ranking_pairs_like_the_original(tokenizer, tmp_path):
+    """QNLI rows 2i and 2i+1 with one question, one entailed and one not, become a ranking group whose label is the
+    positive candidate's index (the order shuffled); other pairs are skipped, as the original's `load_qnnli`."""
+    config = tiny_config(vocab_size=len(tokenizer))
+    rows = [("what is red?", "the apple is red.", "entailment"), ("what is red?", "the sky is blue.", "not_entailment"),
+            ("who runs?", "a dog runs.", "entailment"), ("who sleeps?", "a cat sleeps.", "entailment"),  # 2 questions
+            ("where?", "here.", "entailment"), ("where?", "there.", "entailment"),  # no negative
+            ("why not?", "no reason.", "not_entailment"), ("why not?", "because.", "entailment")]
+    path = tmp_path / "qnli.tsv"
+    path.write_text("index\tquestion\tsentence\tlabel\n" + "".join(
+        f"{i}\t{q}\t{s}\t{label}\n" for i, (q, s, label) in enumerate(rows)), encoding="utf-8")
+    dataset = load_glue_tsv(path, config, "qnnli", tokenizer, max_length=32)
+    assert len(dataset) == 2 and set(dataset["task"]) == {config.task_index("qnnli")}
+    for group, pair in zip(dataset, ([rows[0], rows[1]], [rows[7], rows[6]])):
+        encoded = [tokenizer(q, s, truncation=True, max_length=32)["input_ids"] for q, s, _ in pair]
+        assert sorted(group["input_ids"]) == sorted(encoded)
+        assert group["input_ids"][group["labels"]] == encoded[0]  # the entailed sentence is the positive
+    test_rows = path.read_text().replace("\tentailment\n", "\n").replace("\tnot_entailment\n", "\n")
+    path.write_text(test_rows.replace("\tlabel\n", "\n"), encoding="utf-8")
+    unlabelled = load_glue_tsv(path, config, "qnnli", tokenizer, max_length=32)
+    assert "labels" not in unlabelled.column_names and len(unlabelled) == 3  # pairs with one question, file order
+    batch = MTDNNCollator()([dataset[0], dataset[1]])
+    assert batch["input_ids"].shape[0] == 4 and batch["labels"].tolist() == dataset["labels"]
+    output = tiny_model(vocab_size=len(tokenizer))(**batch)
+    assert output.group_logits.shape == (2, 2) and torch.isfinite(output.loss)
+
+
+def test_adamax_is_the_originals_optimizer_under_the_trainers_schedule(json_data, tmp_path):
+    args = training_args(tmp_path, learning_rate=5e-3, max_steps=4, warmup_steps=0.25, adam_epsilon=1e-7)
+    trainer = MTDNNTrainer(model=tiny_model(), args=args, train_dataset=json_data, optimizer_name="adamax")
+    trainer.train()
+    optimizer = trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer
+    assert isinstance(optimizer, torch.optim.Adamax)
+    assert optimizer.defaults["lr"] == 5e-3 and optimizer.defaults["eps"] == 1e-7
+    rates = [entry["learning_rate"] for entry in trainer.state.log_history if "learning_rate" in entry]
+    assert rates == pytest.approx([0.0, 5e-3, 5e-3 * 2 / 3, 5e-3 / 3])  # warm-up of one step, then linear decay
+    with pytest.raises(ValueError, match="optimizer_name must be one of adamw, adamax"):
+        MTDNNTrainer(model=tiny_model(), args=args, train_dataset=json_data, optimizer_name="sgd")
 
 
 def test_json_lines_collate_as_the_originals_collater(config, json_data):

@@ -68,7 +68,9 @@ def _add_training_arguments(parser):
     parser.add_argument("--eval-batch-size", type=int, default=DEFAULT_BATCH_SIZE,
                         help=f"rows per evaluation batch (default {DEFAULT_BATCH_SIZE})")
     parser.add_argument("--learning-rate", type=float, default=DEFAULT_LEARNING_RATE,
-                        help=f"peak learning rate of AdamW (default {DEFAULT_LEARNING_RATE})")
+                        help=f"peak learning rate (default {DEFAULT_LEARNING_RATE})")
+    parser.add_argument("--optimizer", choices=("adamw", "adamax"), default="adamw",
+                        help="adamw (Trainer's, default) or adamax (the original's, as the paper trains)")
     parser.add_argument("--warmup", type=float, default=DEFAULT_WARMUP,
                         help=f"share of the steps warming the learning rate up (default {DEFAULT_WARMUP})")
     parser.add_argument("--max-grad-norm", type=float, default=DEFAULT_MAX_GRAD_NORM,
@@ -259,7 +261,7 @@ def _run(args, distill=False):
             report_to=[], disable_tqdm=True, dataloader_pin_memory=torch.cuda.is_available(),
         )
         trainer = MTDNNTrainer(model=model, args=training_args, train_dataset=train, eval_dataset=evaluation or None,
-                               mix_opt=args.mix_opt, ratio=args.ratio,
+                               mix_opt=args.mix_opt, ratio=args.ratio, optimizer_name=args.optimizer,
                                **({"kd_loss": args.kd_loss, "kd_weight": args.kd_weight} if distill else {}))
         send_logs_to_stderr(trainer)
         result = trainer.train()

@@ -61,7 +61,8 @@ GLUE_LAYOUTS = {
     "rte": GlueLayout("sentence1", "sentence2", "label", ("not_entailment", "entailment")),
     "wnli": GlueLayout("sentence1", "sentence2", "label"),
 }
-GLUE_ALIASES = {"sst": "sst2", "sst-2": "sst2", "sts-b": "stsb"}  # MT-DNN's task names, GLUE's folder names
+# MT-DNN's task names (qnnli: QNLI as ranking) and GLUE's folder names
+GLUE_ALIASES = {"sst": "sst2", "sst-2": "sst2", "sts-b": "stsb", "qnnli": "qnli"}
 NO_GOLD_LABEL = "-"  # NLI rows whose annotators did not agree; the original skips them
 
 
@@ -107,22 +108,26 @@ def load_glue_tsv(path, config, task, tokenizer, max_length=512, layout=None):
 
     Returns:
         columns `input_ids`, `token_type_ids`, `attention_mask`, `task` (the task's index) and `labels` (class ids
-        in the order of the task's `labels`, or float scores) when the file has labels.
+        in the order of the task's `labels`, or float scores) when the file has labels. A ranking task (group size
+        2) reads the pair rows of a QNLI-like layout as the original's QNLI ranking (see `_ranking_pairs`): each
+        row then holds the two candidates' token lists and the index of the positive one.
     """
     from datasets import Dataset
 
     spec, index = _task(config, task)
-    if spec["type"] == "ranking":
-        raise HfExtError(f"task {spec['name']} is a ranking task: its data comes from the original's preprocessed "
-                         "JSON lines, not a GLUE TSV file")
     shape = glue_layout(layout or spec["name"])
-    if (shape.num_labels == 1) != (spec["type"] == "regression"):
+    if spec["type"] == "ranking":
+        if shape.hypothesis is None or shape.labels is None or spec["group_size"] != 2:
+            raise HfExtError(f"ranking task {spec['name']} reads GLUE TSV rows as the original's QNLI ranking does "
+                             "(pairs of candidates with entailment labels, group size 2); the layout "
+                             f"{layout or spec['name']} does not fit")
+    elif (shape.num_labels == 1) != (spec["type"] == "regression"):
         raise HfExtError(f"task {spec['name']} is a {spec['type']} task but the GLUE layout "
                          f"{layout or spec['name']} holds {'scores' if shape.num_labels == 1 else 'classes'}")
     if spec["type"] == "classification" and spec["num_labels"] != shape.num_labels:
         raise HfExtError(f"task {spec['name']} has {spec['num_labels']} classes but the GLUE layout "
                          f"{layout or spec['name']} has {shape.num_labels}")
-    if (shape.hypothesis is None) != (spec["data_format"] == "PremiseOnly"):
+    if spec["type"] != "ranking" and (shape.hypothesis is None) != (spec["data_format"] == "PremiseOnly"):
         holds = "single sentences" if shape.hypothesis is None else "pairs"
         raise HfExtError(f"task {spec['name']} reads {spec['data_format']} rows but the GLUE layout "
                          f"{layout or spec['name']} holds {holds}")
@@ -152,7 +157,9 @@ def load_glue_tsv(path, config, task, tokenizer, max_length=512, layout=None):
             if value == NO_GOLD_LABEL and shape.labels:
                 continue
             where = f"{path}, line {number}"
-            if spec["type"] == "regression":
+            if spec["type"] == "ranking":
+                label = _label_id(value, list(shape.labels), len(shape.labels), where)
+            elif spec["type"] == "regression":
                 try:
                     label = float(value)
                 except ValueError:
@@ -168,6 +175,8 @@ def load_glue_tsv(path, config, task, tokenizer, max_length=512, layout=None):
         del rows["labels"]
     if shape.hypothesis is None:
         del rows["hypothesis"]
+    if spec["type"] == "ranking":
+        return _ranking_pairs(rows, shape, index, tokenizer, max_length, path)
 
     def encode(batch):
         encoded = tokenizer(batch["premise"], batch.get("hypothesis"), truncation=True, max_length=max_length,
@@ -177,6 +186,46 @@ def load_glue_tsv(path, config, task, tokenizer, max_length=512, layout=None):
 
     dataset = Dataset.from_dict(rows)
     return dataset.map(encode, batched=True, remove_columns=[c for c in ("premise", "hypothesis") if c in rows])
+
+
+def _ranking_pairs(rows, shape, index, tokenizer, max_length, path, seed=0):
+    """GLUE pair rows as the original's QNLI ranking groups (`load_qnnli`): rows 2i and 2i+1 form a group when they
+    share the premise (question); with labels, the pair must hold one positive (the layout's last label) and one
+    negative, its order is shuffled (seeded here; the original shuffles training pairs), and the label is the
+    index of the positive candidate. Pairs that do not fit are skipped and counted, as the original does."""
+    from datasets import Dataset
+
+    rng = np.random.default_rng(seed)
+    labelled = "labels" in rows
+    positive = len(shape.labels) - 1
+    groups = {"input_ids": [], "token_type_ids": [], "attention_mask": [], "labels": []}
+    skipped = 0
+    for first in range(0, len(rows["premise"]) - 1, 2):
+        pair = [first, first + 1]
+        if rows["premise"][first] != rows["premise"][first + 1]:
+            skipped += 2
+            continue
+        if labelled:
+            if sorted(rows["labels"][i] == positive for i in pair) != [False, True]:
+                skipped += 2
+                continue
+            pair = [pair[i] for i in rng.permutation(2)]
+            groups["labels"].append(next(k for k, i in enumerate(pair) if rows["labels"][i] == positive))
+        encoded = tokenizer([rows["premise"][i] for i in pair], [rows["hypothesis"][i] for i in pair],
+                            truncation=True, max_length=max_length, return_token_type_ids=True,
+                            return_attention_mask=True)
+        for key in ("input_ids", "token_type_ids", "attention_mask"):
+            groups[key].append(encoded[key])
+    skipped += len(rows["premise"]) % 2
+    if not groups["input_ids"]:
+        raise HfExtError(f"GLUE file {path} has no pair of rows with one question and "
+                         + ("one positive and one negative candidate" if labelled else "two candidates"))
+    if skipped:
+        log(f"{path}: skipped {skipped} row(s) that do not pair into a ranking group (as the original's QNLI "
+            "ranking does)")
+    if not labelled:
+        del groups["labels"]
+    return Dataset.from_dict({**groups, "task": [index] * len(groups["input_ids"])})
 
 
 def load_mtdnn_json(path, config, task, max_length=None):
@@ -502,6 +551,7 @@ def _copy_generator(generator):
 # ----- training -----------------------------------------------------------------------------------------------------
 
 KD_LOSSES = ("soft_ce", "mse")
+OPTIMIZERS = ("adamw", "adamax")  # Trainer's default, and the original's (train.py --optimizer adamax)
 
 
 def mtdnn_core(model):
@@ -569,10 +619,19 @@ class MTDNNTrainer(TermLoggingTrainer):
       `distillation_loss`) to the task loss.
     - Under DDP, heads unused in a step are left to DDP's unused-parameter search: `args.ddp_find_unused_parameters`
       unset becomes True; False is refused.
+    - `optimizer_name="adamax"` trains with the original's optimizer (`torch.optim.Adamax` with the arguments'
+      learning rate, betas, epsilon and weight decay, under the arguments' schedule, e.g. linear decay after a 0.1
+      warm-up as the paper); the default `"adamw"` is Trainer's own (`args.optim`).
     """
 
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None, *,
-                 mix_opt=0, ratio=0.0, kd_loss="soft_ce", kd_weight=1.0, **kwargs):
+                 mix_opt=0, ratio=0.0, kd_loss="soft_ce", kd_weight=1.0, optimizer_name="adamw", **kwargs):
+        if optimizer_name not in OPTIMIZERS:
+            raise ValueError(f"optimizer_name must be one of {', '.join(OPTIMIZERS)}, got {optimizer_name!r}")
+        if optimizer_name == "adamax" and args is not None:
+            kwargs["optimizer_cls_and_kwargs"] = (torch.optim.Adamax, {
+                "lr": args.learning_rate, "betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon,
+                "weight_decay": args.weight_decay})
         if mix_opt not in (0, 1):
             raise ValueError(f"mix_opt must be 0 or 1, got {mix_opt!r}")
         if not ratio >= 0:
