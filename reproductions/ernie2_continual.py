@@ -1,0 +1,214 @@
+"""ERNIE 2.0's continual multi-task learning (Sun et al., AAAI 2020, section 3 and Figure 1): tasks are added stage
+by stage; the continual scheme keeps training every earlier task with the new one, the sequential scheme trains
+only the new task in each stage. The paper's claim: continual training does not forget what the first stages
+learned. Measured here as each task's loss on held-out documents after every stage, for both schemes, with the
+same per-task budget.
+
+Corpus: the docstrings of Python's standard library (real English prose, cased, with paragraphs, installed with
+every Python), one document per module; a tenth of the modules are held out for evaluation. Model: a small ERNIE
+(`Ernie2ForPreTraining`) trained from scratch with `continual_pretraining`, the package's staged Trainer.
+
+    python reproductions/ernie2_continual.py --output ernie2.json --plot ernie2.png     # about 5 minutes, 2 cores
+"""
+
+import inspect
+import importlib
+import re
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from common import finish, markdown_table, plotting, reproduction_parser, start
+from transformers import BertTokenizer, TrainingArguments
+
+from hf_ext.models.ernie2 import Ernie2ForPreTraining, Ernie2PreTrainingConfig
+from hf_ext.samples import train_bert_vocab
+from hf_ext.training.ernie2 import PAPER_SCHEDULE, ContinualSchedule, continual_pretraining
+from hf_ext.training.ernie2_data import Ernie2DataBuilder, Ernie2PreTrainingCollator, documents_from_records
+
+RESULT_KEYS = ["corpus", "schemes", "tasks", "held_out_loss", "forgetting"]
+
+# Modules whose docstrings are long English prose; any that an interpreter lacks is skipped (the JSON lists those used).
+MODULES = (
+    "argparse", "asyncio", "calendar", "collections", "concurrent.futures", "configparser", "contextlib", "copy",
+    "csv", "dataclasses", "datetime", "decimal", "difflib", "email.message", "enum", "fnmatch", "fractions",
+    "ftplib", "functools", "getopt", "gettext", "glob", "gzip", "heapq", "hmac", "html.parser", "http.client",
+    "http.cookiejar", "http.server", "imaplib", "inspect", "ipaddress", "json", "locale", "logging",
+    "logging.handlers", "lzma", "mailbox", "mimetypes", "numbers", "optparse", "pathlib", "pickle", "pickletools",
+    "pkgutil", "platform", "poplib", "pprint", "queue", "random", "sched", "secrets", "selectors", "shelve", "shlex",
+    "shutil", "smtplib", "socket", "socketserver", "ssl", "statistics", "string", "subprocess", "tarfile",
+    "tempfile", "textwrap", "threading", "timeit", "tokenize", "trace", "traceback", "typing", "unittest.case",
+    "urllib.parse", "urllib.request", "uuid", "warnings", "wave", "weakref", "xml.dom.minidom", "zipfile",
+)
+HELD_OUT_EVERY = 10  # every tenth module (in the order above) is evaluation data
+TASKS = ("knowledge_masking", "capitalization", "token_document_relation", "sentence_reordering")
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+
+
+def prose_sentences(paragraph: str) -> list[str]:
+    """The sentences of a docstring paragraph that read as prose (no code, tables or signatures)."""
+    if ">>>" in paragraph or "::" in paragraph or paragraph.lstrip().startswith(("-", "*", "|", ":")):
+        return []
+    text = " ".join(line.strip() for line in paragraph.splitlines())
+    sentences = []
+    for sentence in SENTENCE_END.split(text):
+        words = sentence.split()
+        letters = sum(ch.isalpha() for ch in sentence)
+        if 5 <= len(words) <= 40 and letters > 0.7 * len(sentence.replace(" ", "")) and sentence[-1] in ".!?":
+            sentences.append(sentence)
+    return sentences
+
+
+def module_document(name: str) -> list[list[str]]:
+    """One document: the prose paragraphs of a module's docstring and of its public classes, functions and methods."""
+    module = importlib.import_module(name)
+    docstrings = [inspect.getdoc(module)]
+    for attribute, value in sorted(vars(module).items()):
+        if attribute.startswith("_") or getattr(value, "__module__", None) != module.__name__:
+            continue
+        docstrings.append(inspect.getdoc(value))
+        if inspect.isclass(value):
+            docstrings += [inspect.getdoc(member) for key, member in sorted(vars(value).items())
+                           if not key.startswith("_") and callable(member)]
+    paragraphs = []
+    for docstring in filter(None, docstrings):
+        for block in re.split(r"\n\s*\n", docstring):
+            sentences = prose_sentences(block)
+            if sentences:
+                paragraphs.append(sentences)
+    return paragraphs
+
+
+def stdlib_corpus(limit: int | None = None) -> tuple[list[dict], list[str]]:
+    """`{"paragraphs": ...}` records, one per module with at least two paragraphs, and the modules used."""
+    records, used = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated modules announce themselves on import
+        for name in MODULES[:limit]:
+            try:
+                paragraphs = module_document(name)
+            except ImportError:
+                continue
+            if len(paragraphs) >= 2:
+                records.append({"paragraphs": paragraphs})
+                used.append(name)
+    return records, used
+
+
+def schedules(steps_per_task: int) -> dict[str, ContinualSchedule]:
+    """The paper's continual scheme (each task's budget spread over the stages as in `PAPER_SCHEDULE`, where every
+    task has 50k steps) and the sequential one (each stage: its new task only, the whole budget), both scaled so
+    that every task gets `steps_per_task` steps."""
+    scale = steps_per_task / 50000
+    continual = {"stages": [{"name": stage.name, "steps": {task: max(1, round(steps * scale))
+                                                           for task, steps in stage.steps.items()}}
+                            for stage in PAPER_SCHEDULE.stages]}
+    sequential = {"stages": [{"name": f"stage {i + 1}", "steps": {task: steps_per_task}}
+                             for i, task in enumerate(TASKS)]}
+    return {name: ContinualSchedule.from_dict(value) for name, value in
+            (("continual", continual), ("sequential", sequential))}
+
+
+@torch.no_grad()
+def held_out_loss(model, datasets, collator, batch_size: int) -> dict[str, float]:
+    """Each task's mean loss over its held-out examples (batches of one task, as in training)."""
+    model.eval()
+    losses = {}
+    for task in TASKS:
+        rows, total, count = datasets[task], 0.0, 0
+        for begin in range(0, len(rows), batch_size):
+            features = [rows[i] for i in range(begin, min(begin + batch_size, len(rows)))]
+            total += model(**collator(features))[f"{task}_loss"].item() * len(features)
+            count += len(features)
+        losses[task] = total / count
+    return losses
+
+
+def main(argv=None):
+    parser = reproduction_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--steps-per-task", type=int, default=400, help="optimizer steps of each task (default 400)")
+    args = parser.parse_args(argv)
+    started = start(args)
+    steps, batch_size, hidden, vocab = (6, 8, 32, 300) if args.quick else (args.steps_per_task, 32, 128, 2000)
+    records, modules = stdlib_corpus(limit=12 if args.quick else None)
+    train_records = [r for i, r in enumerate(records) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
+    eval_records = [r for i, r in enumerate(records) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]
+    sentences = [s for record in train_records for paragraph in record["paragraphs"] for s in paragraph]
+    print(f"corpus: {len(modules)} standard-library modules, {len(sentences)} training sentences, "
+          f"{len(eval_records)} held-out documents", flush=True)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        tokenizer = BertTokenizer(vocab=str(train_bert_vocab(sentences, Path(scratch) / "vocab", vocab_size=vocab)),
+                                  do_lower_case=True)
+        builder = Ernie2DataBuilder(tokenizer, max_length=64, seed=args.seed)
+        train = builder.build(documents_from_records(train_records), TASKS)
+        held_out = builder.build(documents_from_records(eval_records), TASKS)
+        config = Ernie2PreTrainingConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=2,
+                                         num_attention_heads=4, intermediate_size=4 * hidden,
+                                         max_position_embeddings=64)
+        collator = Ernie2PreTrainingCollator(config.task_ids, tokenizer.pad_token_id)
+        results = {}
+        for scheme, schedule in schedules(steps).items():
+            torch.manual_seed(args.seed)
+            model = Ernie2ForPreTraining(config)
+            out = Path(scratch) / scheme
+            training = TrainingArguments(output_dir=str(out), per_device_train_batch_size=batch_size,
+                                         learning_rate=1e-3, warmup_steps=0, save_strategy="no", report_to=[],
+                                         logging_steps=max(1, steps // 4), seed=args.seed, use_cpu=True,
+                                         disable_tqdm=True)
+            print(f"{scheme}: {len(schedule.stages)} stages, "
+                  + "; ".join(", ".join(f"{t} {n}" for t, n in stage.steps.items()) for stage in schedule.stages),
+                  flush=True)
+            continual_pretraining(model, schedule, train, training, data_collator=collator, log_to_stderr=True)
+            results[scheme] = []
+            for index in range(len(schedule.stages)):
+                stage_model = Ernie2ForPreTraining.from_pretrained(out / f"stage-{index + 1}" / "model")
+                results[scheme].append(held_out_loss(stage_model, held_out, collator, 64))
+                print(f"  after stage {index + 1}: " + ", ".join(f"{t} {v:.3f}" for t, v in
+                                                               results[scheme][-1].items()), flush=True)
+
+    # forgetting: how much a task's held-out loss rose from the end of the stage that trained it last in the
+    # sequential scheme (its own stage) to the end of the run
+    forgetting = {scheme: {task: losses[-1][task] - losses[TASKS.index(task)][task] for task in TASKS[:-1]}
+                  for scheme, losses in results.items()}
+    rows = [[task, results["continual"][TASKS.index(task)][task], results["continual"][-1][task],
+             results["sequential"][TASKS.index(task)][task], results["sequential"][-1][task]] for task in TASKS]
+    print("\nheld-out loss of each task: at the end of the stage that introduces it, and after the last stage\n")
+    print(markdown_table(["task", "continual, own stage", "continual, last stage", "sequential, own stage",
+                          "sequential, last stage"], rows))
+    print("\nrise after its own stage (forgetting): " + "; ".join(
+        f"{scheme}: " + ", ".join(f"{t} {v:+.3f}" for t, v in values.items()) for scheme, values in forgetting.items()))
+
+    pyplot = plotting(args)
+    if pyplot is not None:
+        figure, axes = pyplot.subplots(1, len(TASKS), figsize=(4 * len(TASKS), 3.4))
+        for axis, task in zip(axes, TASKS):
+            for scheme, style in (("continual", "-o"), ("sequential", "--s")):
+                axis.plot(range(1, len(TASKS) + 1), [losses[task] for losses in results[scheme]], style, label=scheme)
+            axis.axvline(TASKS.index(task) + 1, color="grey", lw=0.8, ls=":")
+            axis.set_title(task.replace("_", " "))
+            axis.set_xlabel("after stage")
+            axis.set_xticks(range(1, len(TASKS) + 1))
+        axes[0].set_ylabel("held-out loss")
+        axes[0].legend()
+        figure.suptitle("ERNIE 2.0: continual vs sequential multi-task learning (dotted: the task's first stage)")
+        figure.tight_layout()
+        figure.savefig(args.plot, dpi=120)
+        print(f"wrote {args.plot}")
+
+    finish(args, started, {
+        "corpus": {"source": "Python standard library docstrings", "modules": modules,
+                   "held_out_every": HELD_OUT_EVERY, "training_sentences": len(sentences)},
+        "model": {"hidden_size": hidden, "layers": 2, "vocab_size": len(tokenizer)},
+        "steps_per_task": steps,
+        "schemes": {name: schedule.to_dict() for name, schedule in schedules(steps).items()},
+        "tasks": list(TASKS),
+        "held_out_loss": results,
+        "forgetting": forgetting,
+    })
+
+
+if __name__ == "__main__":
+    main()
