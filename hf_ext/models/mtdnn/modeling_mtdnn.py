@@ -342,7 +342,8 @@ class MTDNNForSequenceClassification(MTDNNModel):
                 inputs_embeds=None, premise_mask=None, hypothesis_mask=None, **kwargs) -> SequenceClassifierOutput:
         outputs = super().forward(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
                                   task=self.task, premise_mask=premise_mask, hypothesis_mask=hypothesis_mask,
-                                  labels=labels, position_ids=position_ids, inputs_embeds=inputs_embeds, **kwargs)
+                                  labels=labels, position_ids=position_ids, inputs_embeds=inputs_embeds,
+                                  return_dict=True, **kwargs)
         return SequenceClassifierOutput(loss=outputs.loss, logits=outputs.logits, hidden_states=outputs.hidden_states,
                                         attentions=outputs.attentions)
 

@@ -351,7 +351,10 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
     def _validate_model_kwargs(self, model_kwargs):
         if model_kwargs.get("latent_z") is None:
             raise ValueError("Optimus generate() needs latent_z (for text, encode it first: model.encode(...))")
-        super()._validate_model_kwargs(model_kwargs)
+        # forward also takes the cache as `past_key_values` (`accept_past_key_values`), which its signature does not
+        # show; generate() before transformers 5.24 passes it so to an assistant model
+        super()._validate_model_kwargs({name: value for name, value in model_kwargs.items()
+                                        if name != "past_key_values"})
 
 
 class OptimusForSequenceClassification(OptimusPreTrainedModel):
@@ -377,6 +380,16 @@ class OptimusForSequenceClassification(OptimusPreTrainedModel):
 
     def set_input_embeddings(self, value):
         self.encoder.embeddings.word_embeddings = value
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True) -> nn.Embedding:
+        # transformers records the new size in the config's text config, for Optimus the decoder's (the generating
+        # side); this model's embeddings are the encoder's
+        decoder_vocab_size = self.config.decoder.vocab_size
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        self.config.decoder.vocab_size = decoder_vocab_size
+        self.config.encoder.vocab_size = embeddings.weight.shape[0]
+        return embeddings
 
     @can_return_tuple
     def forward(

@@ -24,6 +24,7 @@ from torch.nn import functional as F
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.generation import GenerationMixin
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.bart.modeling_bart import shift_tokens_right
 from transformers.models.bert.modeling_bert import eager_attention_forward
@@ -302,9 +303,10 @@ TRANSITION_CLASSES = {
 }
 
 
-class UniversalTransformerLayer(nn.Module):
+class UniversalTransformerLayer(GradientCheckpointingLayer):
     """The shared pre-norm layer: `x + dropout(attention(LN(x)))` [then the same with encoder-decoder attention],
-    then `x + dropout(transition(LN(x)))`."""
+    then `x + dropout(transition(LN(x)))`. With gradient checkpointing every step it takes is recomputed in the
+    backward pass."""
 
     def __init__(self, config, is_decoder):
         super().__init__()
@@ -497,7 +499,7 @@ class UniversalTransformerPreTrainedModel(PreTrainedModel):
     config: UniversalTransformerConfig
     base_model_prefix = "universal_transformer"
     main_input_name = "input_ids"
-    supports_gradient_checkpointing = False  # the ACT loop's length depends on the data
+    supports_gradient_checkpointing = True
     _no_split_modules = ["UniversalTransformerStack"]
     _supports_sdpa = True
     _supports_attention_backend = True
@@ -592,7 +594,7 @@ class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrain
     ) -> UniversalTransformerSequenceClassifierOutput:
         outputs = self.universal_transformer(input_ids=input_ids, attention_mask=attention_mask,
                                              inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                                             output_hidden_states=output_hidden_states)
+                                             output_hidden_states=output_hidden_states, return_dict=True)
         hidden = outputs.last_hidden_state
         if self.config.classifier_pooling == "first":
             pooled = hidden[:, 0]
@@ -659,6 +661,20 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
         for unused in ("use_cache", "cache", "past_key_values"):
             kwargs.pop(unused, None)
         return super().prepare_inputs_for_generation(input_ids, **kwargs)
+
+    def _expand_inputs_for_generation(self, expand_size=1, is_encoder_decoder=False, input_ids=None, **model_kwargs):
+        # beam search and num_return_sequences repeat every row of the encoder outputs; the encoder's ponder cost is
+        # a batch mean (a scalar, which cannot be repeated by rows), and repeating every row leaves it unchanged
+        encoder_outputs = model_kwargs.get("encoder_outputs")
+        ponder_cost = getattr(encoder_outputs, "ponder_cost", None)
+        if ponder_cost is not None:
+            model_kwargs["encoder_outputs"] = UniversalTransformerModelOutput(
+                **{name: value for name, value in encoder_outputs.items() if name != "ponder_cost"})
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(
+            expand_size, is_encoder_decoder, input_ids, **model_kwargs)
+        if ponder_cost is not None:
+            model_kwargs["encoder_outputs"]["ponder_cost"] = ponder_cost
+        return input_ids, model_kwargs
 
     @can_return_tuple
     def forward(
