@@ -338,8 +338,18 @@ class MTDNNForSequenceClassification(MTDNNModel):
         config.problem_type = "single_label_classification" if spec["type"] == "classification" else "regression"
 
     @can_return_tuple
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, position_ids=None,
-                inputs_embeds=None, premise_mask=None, hypothesis_mask=None, **kwargs) -> SequenceClassifierOutput:
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.LongTensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        labels: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        premise_mask: torch.BoolTensor | None = None,
+        hypothesis_mask: torch.BoolTensor | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutput:
         outputs = super().forward(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
                                   task=self.task, premise_mask=premise_mask, hypothesis_mask=hypothesis_mask,
                                   labels=labels, position_ids=position_ids, inputs_embeds=inputs_embeds,

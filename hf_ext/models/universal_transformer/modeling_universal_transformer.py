@@ -619,7 +619,8 @@ class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrain
 
 class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, GenerationMixin):
     """Encoder-decoder Universal Transformer, ACT on both sides, one embedding matrix shared by the encoder, the
-    decoder and the output softmax (tensor2tensor's `shared_embedding_and_softmax_weights`).
+    decoder and the output softmax (tensor2tensor's `shared_embedding_and_softmax_weights`): the decoder's embedding
+    and the softmax are tied to the encoder's embedding (stored once, under `encoder.embed_tokens.weight`).
 
     `labels` are the targets (-100 is ignored); the decoder input is the targets shifted right behind
     `decoder_start_token_id` (the pad id, whose embedding is zero: t2t's zero first input). There is no decoding cache,
