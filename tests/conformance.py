@@ -81,6 +81,10 @@ class ModelConformance:
         """`{output field: [shape of each item]}` for `kind` "hidden_states" or "attentions"."""
         raise NotImplementedError
 
+    def training_objective(self, outputs) -> torch.Tensor:
+        """The scalar a training step differentiates: the loss, for models that have one."""
+        return outputs.loss
+
     @pytest.fixture(autouse=True)
     def skip_what_does_not_apply(self, request):
         reason = self.not_applicable.get(request.function.__name__)
@@ -259,7 +263,7 @@ class ModelConformance:
 
     def test_training_step_reaches_the_weights(self):
         model = self.model().train()
-        model(**self.inputs(model.config, labels=True)).loss.backward()
+        self.training_objective(model(**self.inputs(model.config, labels=True))).backward()
         with_grad = [name for name, parameter in model.named_parameters() if parameter.grad is not None]
         assert with_grad and all(torch.isfinite(model.get_parameter(name).grad).all() for name in with_grad)
 
@@ -274,7 +278,7 @@ class ModelConformance:
             if checkpointing:
                 getattr(model, CHECKPOINTING_ENABLE)()
                 assert any(getattr(module, "gradient_checkpointing", False) for module in model.modules())
-            model(**self.inputs(model.config, labels=True)).loss.backward()
+            self.training_objective(model(**self.inputs(model.config, labels=True))).backward()
             gradients.append({name: parameter.grad for name, parameter in model.named_parameters()
                               if parameter.grad is not None})
         assert gradients[0].keys() == gradients[1].keys()

@@ -69,13 +69,9 @@ class TestUniversalTransformerModel(UniversalTransformerTester):
     def output_shapes(self, config, inputs, outputs, kind):
         return self.encoder_shapes(config, outputs, kind)
 
-    def test_training_step_reaches_the_weights(self):
-        model = self.model().train()
-        model(**self.inputs(model.config)).ponder_cost.backward()
-        assert model.encoder.halting.weight.grad is not None
-
-    def test_gradient_checkpointing_gives_the_same_gradients(self):
-        pytest.skip("the encoder has no loss to compare gradients of; checked on the classifier and the seq2seq model")
+    def training_objective(self, outputs):
+        # the encoder has no loss: its ponder cost (reaching the halting unit) and a function of its output
+        return outputs.ponder_cost + outputs.last_hidden_state.pow(2).mean()
 
     def test_act_has_a_data_dependent_graph(self):
         """Why export and fullgraph compilation use fixed depth: the ACT loop's length is read from the data, which
