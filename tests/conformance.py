@@ -20,8 +20,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 ATOL = 1e-5
 # transformers 5.24 renamed gradient checkpointing to activation checkpointing
-CHECKPOINTING_ENABLE = "activation_checkpointing_enable" if hasattr(PreTrainedModel, "activation_checkpointing_enable") \
-    else "gradient_checkpointing_enable"
+CHECKPOINTING_ENABLE = ("activation_checkpointing_enable" if hasattr(PreTrainedModel, "activation_checkpointing_enable")
+                        else "gradient_checkpointing_enable")
 
 
 def tensors_of(value, path="output"):

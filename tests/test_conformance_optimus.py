@@ -13,8 +13,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 BATCH, ENCODER_LENGTH, DECODER_LENGTH = 2, 7, 6
 DECODER_BASE_VOCAB = 30  # <PAD>, <BOS>, <EOS> follow
 PAD, BOS, EOS = DECODER_BASE_VOCAB, DECODER_BASE_VOCAB + 1, DECODER_BASE_VOCAB + 2
-NO_GRADIENT_CHECKPOINTING = ("the latent memory lives in the decoder's KV cache, which gradient checkpointing turns off "
-                             "in training")
+NO_GRADIENT_CHECKPOINTING = ("the latent memory lives in the decoder's KV cache, which gradient checkpointing "
+                             "turns off in training")
 
 
 class OptimusTester(ModelConformance):
