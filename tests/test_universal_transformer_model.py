@@ -290,7 +290,8 @@ def test_save_and_reload_through_the_auto_classes(tmp_path):
     with torch.no_grad():
         before, after = model(input_ids=source, labels=labels), reloaded(input_ids=source, labels=labels)
         as_tuple = reloaded(input_ids=source, labels=labels, return_dict=False)
-    torch.testing.assert_close(before.logits, after.logits, atol=0, rtol=0)
+    # float rounding only: weights read from the file need not share the alignment (so the SIMD paths) of the originals
+    torch.testing.assert_close(before.logits, after.logits, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(as_tuple[0], after.loss)
     config = AutoConfig.for_model("universal-transformer", vocab_size=30, hidden_size=16, num_attention_heads=2)
     assert type(AutoModel.from_config(config)) is UniversalTransformerModel

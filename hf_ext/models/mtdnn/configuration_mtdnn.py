@@ -82,6 +82,11 @@ class MTDNNConfig(PretrainedConfig):
         if self.default_task is not None and self.default_task not in names:
             raise ValueError(f"default_task {self.default_task!r} is not one of the tasks ({', '.join(names)})")
 
+    def get_text_config(self, decoder=None, encoder=None) -> BertConfig:
+        """The BERT encoder's config, for both ends: it holds the vocabulary, so that `resize_token_embeddings`
+        updates the `vocab_size` the encoder is rebuilt from."""
+        return self.encoder
+
     @property
     def task_names(self):
         return [task["name"] for task in self.tasks]

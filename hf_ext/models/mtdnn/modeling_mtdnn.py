@@ -178,7 +178,7 @@ def task_loss(task, logits, labels, group_size):
 
 
 class MTDNNPreTrainedModel(PreTrainedModel):
-    config_class = MTDNNConfig
+    config: MTDNNConfig
     base_model_prefix = "bert"  # a BERT checkpoint loads into the encoder, the heads start fresh
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
@@ -254,6 +254,8 @@ class MTDNNModel(MTDNNPreTrainedModel):
         inputs_embeds: torch.FloatTensor | None = None,
         group_size: int | None = None,
         output_san_states: bool = False,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
         **kwargs,
     ) -> MTDNNOutput:
         r"""
@@ -265,6 +267,8 @@ class MTDNNModel(MTDNNPreTrainedModel):
             the positive candidate, one per row (`(B*K,)`, the original's layout) or one per group (`(B,)`).
         group_size (`int`, *optional*): candidates per ranking group; the task's `group_size` when unset.
         output_san_states (`bool`): also return a SAN head's intermediate states.
+        output_attentions, output_hidden_states (`bool`, *optional*): the encoder's; this model's config when unset
+            (the encoder reads its own sub-config otherwise).
         """
         kwargs.pop("num_items_in_batch", None)
         spec = self.resolve_task(task)
@@ -278,7 +282,12 @@ class MTDNNModel(MTDNNPreTrainedModel):
                 raise ValueError(f"{name} must be a bool tensor (True = excluded) of the input's shape {tuple(shape)}, "
                                  f"got {mask.dtype} {tuple(mask.shape)}")
         encoder_outputs = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                                    position_ids=position_ids, inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
+                                    position_ids=position_ids, inputs_embeds=inputs_embeds, return_dict=True,
+                                    output_attentions=(self.config.output_attentions if output_attentions is None
+                                                       else output_attentions),
+                                    output_hidden_states=(self.config.output_hidden_states
+                                                          if output_hidden_states is None else output_hidden_states),
+                                    **kwargs)
         sequence_output = encoder_outputs.last_hidden_state
         head = self.heads[spec["name"]]
         san_states = None
@@ -329,11 +338,22 @@ class MTDNNForSequenceClassification(MTDNNModel):
         config.problem_type = "single_label_classification" if spec["type"] == "classification" else "regression"
 
     @can_return_tuple
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, position_ids=None,
-                inputs_embeds=None, premise_mask=None, hypothesis_mask=None, **kwargs) -> SequenceClassifierOutput:
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.LongTensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        labels: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        premise_mask: torch.BoolTensor | None = None,
+        hypothesis_mask: torch.BoolTensor | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutput:
         outputs = super().forward(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
                                   task=self.task, premise_mask=premise_mask, hypothesis_mask=hypothesis_mask,
-                                  labels=labels, position_ids=position_ids, inputs_embeds=inputs_embeds, **kwargs)
+                                  labels=labels, position_ids=position_ids, inputs_embeds=inputs_embeds,
+                                  return_dict=True, **kwargs)
         return SequenceClassifierOutput(loss=outputs.loss, logits=outputs.logits, hidden_states=outputs.hidden_states,
                                         attentions=outputs.attentions)
 

@@ -18,7 +18,7 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import SequenceClassifierOutput
-from transformers.utils import ModelOutput
+from transformers.utils import ModelOutput, can_return_tuple
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_optimus import OptimusConfig
@@ -45,6 +45,9 @@ class OptimusOutput(ModelOutput):
     latent_z (`torch.FloatTensor` of shape `(batch_size, latent_size)`): the latent the decoder read.
     mean, logvar (`torch.FloatTensor` of shape `(batch_size, latent_size)`): the Gaussian posterior.
     cache (`Cache`): decoder cache whose slot 0 holds the latent memory (`past_key_values` before transformers 5.24).
+    hidden_states, attentions: the decoder's (the language model's), with `output_hidden_states` /
+        `output_attentions`; the attention keys start with the latent memory slot when there is one.
+    encoder_last_hidden_state, encoder_pooler_output, encoder_hidden_states, encoder_attentions: the BERT encoder's.
     """
 
     loss: torch.FloatTensor | None = None
@@ -58,10 +61,12 @@ class OptimusOutput(ModelOutput):
         cache: Cache | None = None
     else:
         past_key_values: Cache | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
     encoder_last_hidden_state: torch.FloatTensor | None = None
     encoder_pooler_output: torch.FloatTensor | None = None
     encoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    decoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    encoder_attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
 def kl_per_dimension(mean, logvar):
@@ -91,7 +96,7 @@ def reconstruction_loss(logits, labels, pad_token_id):
 
 
 class OptimusPreTrainedModel(PreTrainedModel):
-    config_class = OptimusConfig
+    config: OptimusConfig
     base_model_prefix = "optimus"
     main_input_name = "input_ids"
     # The decoder's memory lives in the KV cache, which gradient checkpointing drops in training.
@@ -120,8 +125,18 @@ class OptimusPreTrainedModel(PreTrainedModel):
             input_ids=input_ids,
             attention_mask=self._encoder_attention_mask(input_ids, attention_mask),
             token_type_ids=token_type_ids,
+            return_dict=True,
             **kwargs,
         )
+
+    def _output_flags(self, output_attentions, output_hidden_states):
+        """The output switches for the sub-models, which read their own configs: a keyword wins over this model's
+        config."""
+        return {
+            "output_attentions": self.config.output_attentions if output_attentions is None else output_attentions,
+            "output_hidden_states": (self.config.output_hidden_states if output_hidden_states is None
+                                     else output_hidden_states),
+        }
 
 
 class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
@@ -158,12 +173,6 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
 
     def set_output_embeddings(self, new_embeddings):
         self.lm_head = new_embeddings
-
-    def get_encoder(self):
-        return self.encoder
-
-    def get_decoder(self):
-        return self.decoder
 
     # ----- latent space -------------------------------------------------------------------------------------------
 
@@ -210,21 +219,23 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
 
     # ----- forward --------------------------------------------------------------------------------------------------
 
+    @can_return_tuple
     @accept_past_key_values
     def forward(
         self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        decoder_input_ids=None,
-        decoder_attention_mask=None,
-        decoder_position_ids=None,
-        labels=None,
-        latent_z=None,
-        cache=None,
-        use_cache=None,
-        output_hidden_states=None,
-        logits_to_keep=0,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        latent_z: torch.FloatTensor | None = None,
+        cache: Cache | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> OptimusOutput:
         r"""
@@ -240,11 +251,10 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
             positions), as transformers' LM heads; `generate()` passes 1. The loss needs all of them.
         """
         config = self.config
+        output_flags = self._output_flags(output_attentions, output_hidden_states)
         mean = logvar = encoder_outputs = None
         if input_ids is not None:
-            mean, logvar, encoder_outputs = self.encode(
-                input_ids, attention_mask, token_type_ids, output_hidden_states=output_hidden_states
-            )
+            mean, logvar, encoder_outputs = self.encode(input_ids, attention_mask, token_type_ids, **output_flags)
             if config.fb_mode == 2:  # deterministic connection: the posterior variance is fixed to 1
                 logvar = torch.zeros_like(logvar)
             if latent_z is None:
@@ -256,7 +266,8 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
         decoder_outputs = None
         if decoder_input_ids is not None:
             decoder_outputs = self._decode(
-                decoder_input_ids, latent_z, decoder_attention_mask, decoder_position_ids, cache, use_cache, output_hidden_states, **kwargs,
+                decoder_input_ids, latent_z, decoder_attention_mask, decoder_position_ids, cache, use_cache,
+                **output_flags, **kwargs,
             )
             if labels is not None and not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
                 raise ValueError("labels need the logits of every position: leave logits_to_keep at 0")
@@ -286,14 +297,15 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
             mean=mean,
             logvar=logvar,
             **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME) if decoder_outputs is not None else None},
+            hidden_states=decoder_outputs.hidden_states if decoder_outputs is not None else None,
+            attentions=decoder_outputs.attentions if decoder_outputs is not None else None,
             encoder_last_hidden_state=encoder_outputs.last_hidden_state if encoder_outputs is not None else None,
             encoder_pooler_output=encoder_outputs.pooler_output if encoder_outputs is not None else None,
             encoder_hidden_states=encoder_outputs.hidden_states if encoder_outputs is not None else None,
-            decoder_hidden_states=decoder_outputs.hidden_states if decoder_outputs is not None else None,
+            encoder_attentions=encoder_outputs.attentions if encoder_outputs is not None else None,
         )
 
-    def _decode(self, input_ids, latent_z, attention_mask, position_ids, cache, use_cache, output_hidden_states,
-                **kwargs):
+    def _decode(self, input_ids, latent_z, attention_mask, position_ids, cache, use_cache, **kwargs):
         config = self.config
         batch_size = input_ids.size(0)
         inputs_embeds = self.decoder.wte(input_ids)
@@ -317,7 +329,7 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
             position_ids=position_ids,
             use_cache=use_cache,
             **{CACHE_NAME: cache},
-            output_hidden_states=output_hidden_states,
+            return_dict=True,
             **kwargs,
         )
 
@@ -339,7 +351,10 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
     def _validate_model_kwargs(self, model_kwargs):
         if model_kwargs.get("latent_z") is None:
             raise ValueError("Optimus generate() needs latent_z (for text, encode it first: model.encode(...))")
-        super()._validate_model_kwargs(model_kwargs)
+        # forward also takes the cache as `past_key_values` (`accept_past_key_values`), which its signature does not
+        # show; generate() before transformers 5.24 passes it so to an assistant model
+        super()._validate_model_kwargs({name: value for name, value in model_kwargs.items()
+                                        if name != "past_key_values"})
 
 
 class OptimusForSequenceClassification(OptimusPreTrainedModel):
@@ -363,11 +378,33 @@ class OptimusForSequenceClassification(OptimusPreTrainedModel):
     def get_input_embeddings(self):
         return self.encoder.embeddings.word_embeddings
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
-                output_hidden_states=None, **kwargs) -> SequenceClassifierOutput:
+    def set_input_embeddings(self, value):
+        self.encoder.embeddings.word_embeddings = value
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True) -> nn.Embedding:
+        # transformers records the new size in the config's text config, for Optimus the decoder's (the generating
+        # side); this model's embeddings are the encoder's
+        decoder_vocab_size = self.config.decoder.vocab_size
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        self.config.decoder.vocab_size = decoder_vocab_size
+        self.config.encoder.vocab_size = embeddings.weight.shape[0]
+        return embeddings
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutput:
         kwargs.pop("num_items_in_batch", None)
         encoder_outputs = self._encode(input_ids, attention_mask, token_type_ids,
-                                       output_hidden_states=output_hidden_states)
+                                       **self._output_flags(output_attentions, output_hidden_states))
         feature = encoder_outputs.pooler_output
         if self.config.classifier_feature == "latent_mean":
             feature = self.to_latent(feature).chunk(2, -1)[0]
@@ -381,7 +418,8 @@ class OptimusForSequenceClassification(OptimusPreTrainedModel):
                 loss = F.mse_loss(logits.view(-1), labels.view(-1).to(logits.dtype))
             else:
                 loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))
-        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=encoder_outputs.hidden_states)
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=encoder_outputs.hidden_states,
+                                        attentions=encoder_outputs.attentions)
 
 
 __all__ = ["OptimusOutput", "OptimusPreTrainedModel", "OptimusModel", "OptimusForSequenceClassification",

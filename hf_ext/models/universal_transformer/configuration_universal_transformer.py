@@ -76,9 +76,10 @@ class UniversalTransformerConfig(PretrainedConfig):
     attribute_map = {"num_hidden_layers": "num_steps", "filter_size": "intermediate_size", "d_model": "hidden_size"}
     # Trainer's predictions are the logits; the ACT statistics stay available from the model's outputs
     keys_to_ignore_at_inference = [
-        "ponder_cost", "n_updates", "remainders", "hidden_states", "encoder_last_hidden_state",
+        "ponder_cost", "n_updates", "remainders", "hidden_states", "attentions", "cross_attentions",
+        "encoder_last_hidden_state",
         *(f"{side}_{name}" for side in ("encoder", "decoder")
-          for name in ("ponder_cost", "n_updates", "remainders", "hidden_states")),
+          for name in ("ponder_cost", "n_updates", "remainders", "hidden_states", "attentions")),
     ]
 
     def __init__(

@@ -24,6 +24,7 @@ from torch.nn import functional as F
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.generation import GenerationMixin
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.bart.modeling_bart import shift_tokens_right
 from transformers.models.bert.modeling_bert import eager_attention_forward
@@ -45,6 +46,9 @@ class UniversalTransformerModelOutput(ModelOutput):
     ponder_cost (`torch.FloatTensor` of shape `()`): with ACT, mean(N + R) over non-padding positions, differentiable.
     hidden_states (`tuple(torch.FloatTensor)`): with `output_hidden_states`, the state entering the loop and the state
         after every step taken.
+    attentions (`tuple(torch.FloatTensor)`): with `output_attentions`, the self-attention weights of every step taken,
+        each `(batch_size, num_heads, sequence_length, sequence_length)`; rows of halted (frozen) positions are zero.
+    cross_attentions (`tuple(torch.FloatTensor)`): the decoder's, likewise, over the encoder positions.
     """
 
     last_hidden_state: torch.FloatTensor | None = None
@@ -52,6 +56,8 @@ class UniversalTransformerModelOutput(ModelOutput):
     remainders: torch.FloatTensor | None = None
     ponder_cost: torch.FloatTensor | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+    cross_attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
 @dataclass
@@ -59,7 +65,8 @@ class UniversalTransformerSequenceClassifierOutput(ModelOutput):
     r"""
     loss (`torch.FloatTensor` of shape `()`): classification loss plus `act_loss_weight` x `ponder_cost`.
     logits (`torch.FloatTensor` of shape `(batch_size, num_labels)`).
-    ponder_cost, n_updates, remainders, hidden_states: the encoder's, see `UniversalTransformerModelOutput`.
+    ponder_cost, n_updates, remainders, hidden_states, attentions: the encoder's, see
+        `UniversalTransformerModelOutput`.
     """
 
     loss: torch.FloatTensor | None = None
@@ -68,6 +75,7 @@ class UniversalTransformerSequenceClassifierOutput(ModelOutput):
     n_updates: torch.FloatTensor | None = None
     remainders: torch.FloatTensor | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
 @dataclass
@@ -88,11 +96,14 @@ class UniversalTransformerSeq2SeqLMOutput(ModelOutput):
     decoder_remainders: torch.FloatTensor | None = None
     decoder_ponder_cost: torch.FloatTensor | None = None
     decoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    decoder_attentions: tuple[torch.FloatTensor, ...] | None = None
+    cross_attentions: tuple[torch.FloatTensor, ...] | None = None
     encoder_last_hidden_state: torch.FloatTensor | None = None
     encoder_n_updates: torch.FloatTensor | None = None
     encoder_remainders: torch.FloatTensor | None = None
     encoder_ponder_cost: torch.FloatTensor | None = None
     encoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    encoder_attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
 def timing_signal(length, channels, device=None, dtype=torch.float32):
@@ -113,9 +124,10 @@ def at_least_float32(dtype):
 
 def attention_bias(attention_mask, length, causal, dtype, device):
     """Additive mask `[batch or 1, 1, length or 1, length]`: 0 where a query may attend, the dtype's minimum elsewhere
-    (a fully masked row then attends uniformly instead of producing NaN); None when nothing is masked."""
+    (a fully masked row then attends uniformly instead of producing NaN); None without a mask and not causal. A given
+    mask is used even when it masks nothing: checking would be a data-dependent branch, which `torch.export` refuses."""
     allowed = None
-    if attention_mask is not None and not bool(attention_mask.all()):
+    if attention_mask is not None:
         allowed = attention_mask.to(device=device, dtype=torch.bool)[:, None, None, :]
     if causal:
         lower = torch.ones(length, length, dtype=torch.bool, device=device).tril()[None, None]
@@ -146,6 +158,15 @@ def scatter_positions(base, index, valid, values):
     """`base` with the valid slots of `values` written at their positions (differentiable)."""
     values = torch.where(valid.unsqueeze(-1), values, gather_positions(base, index))
     return base.scatter(1, index.unsqueeze(-1).expand(values.shape), values)
+
+
+def scatter_query_rows(weights, index, valid, length):
+    """Attention weights `[batch, heads, R, keys]` of the running queries as `[batch, heads, length, keys]`, zero in
+    the rows of the other positions."""
+    weights = weights * valid[:, None, :, None].to(weights.dtype)
+    rows = index[:, None, :, None].expand(-1, weights.shape[1], -1, weights.shape[-1])
+    full = weights.new_zeros(weights.shape[0], weights.shape[1], length, weights.shape[-1])
+    return full.scatter(2, rows, weights)
 
 
 class UniversalTransformerLayerNorm(nn.Module):
@@ -197,11 +218,15 @@ class UniversalTransformerAttention(nn.Module):
         key = self._heads(self.k_proj(states), self.key_head_dim)
         return key, self._heads(self.v_proj(states), self.value_head_dim)
 
-    def forward(self, queries, key, value, attention_bias=None):
+    def forward(self, queries: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The attention output `[batch, queries, hidden]` and the weights `[batch, heads, queries, keys]` (None
+        from attention functions that do not compute them, such as SDPA)."""
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-        output, _ = attention(self, self._heads(self.q_proj(queries), self.key_head_dim), key, value, attention_bias,
-                              scaling=self.scaling, dropout=self.config.attention_dropout if self.training else 0.0)
-        return self.o_proj(output.reshape(*queries.shape[:2], -1))
+        output, weights = attention(self, self._heads(self.q_proj(queries), self.key_head_dim), key, value,
+                                    attention_bias, scaling=self.scaling,
+                                    dropout=self.config.attention_dropout if self.training else 0.0)
+        return self.o_proj(output.reshape(*queries.shape[:2], -1)), weights
 
 
 def padded_conv(conv, hidden, causal):
@@ -278,9 +303,10 @@ TRANSITION_CLASSES = {
 }
 
 
-class UniversalTransformerLayer(nn.Module):
+class UniversalTransformerLayer(GradientCheckpointingLayer):
     """The shared pre-norm layer: `x + dropout(attention(LN(x)))` [then the same with encoder-decoder attention],
-    then `x + dropout(transition(LN(x)))`."""
+    then `x + dropout(transition(LN(x)))`. With gradient checkpointing every step it takes is recomputed in the
+    backward pass."""
 
     def __init__(self, config, is_decoder):
         super().__init__()
@@ -296,7 +322,8 @@ class UniversalTransformerLayer(nn.Module):
     def forward(self, states, self_attention_bias=None, running=None, nonpadding=None, cross_key_value=None,
                 cross_attention_bias=None):
         """Transform `[batch, length, hidden]` step inputs. With a `running` mask only those positions are
-        transformed; every position is still read as key and value, and the others come back unchanged."""
+        transformed; every position is still read as key and value, and the others come back unchanged. Returns the
+        new states and the self- and cross-attention weights over all positions (None where not computed)."""
         normed = self.self_attn_layer_norm(states)
         key, value = self.self_attn.project_key_value(normed)
         index = valid = None
@@ -307,15 +334,23 @@ class UniversalTransformerLayer(nn.Module):
             if bias is not None and bias.shape[2] > 1:  # per-query rows (causal): keep the running queries' rows
                 bias = bias.expand(states.shape[0], -1, -1, -1)
                 bias = bias.gather(2, index[:, None, :, None].expand(-1, 1, -1, bias.shape[-1]))
-        hidden = hidden + self.dropout(self.self_attn(queries, key, value, bias))
+        attention_output, self_weights = self.self_attn(queries, key, value, bias)
+        hidden = hidden + self.dropout(attention_output)
+        cross_weights = None
         if cross_key_value is not None:
-            hidden = hidden + self.dropout(
-                self.cross_attn(self.cross_attn_layer_norm(hidden), *cross_key_value, cross_attention_bias))
-        if index is not None and not self.transition.position_wise:
-            # a convolution reads neighbours: positions not transformed pass their step input through unchanged
-            hidden, index = scatter_positions(states, index, valid, hidden), None
+            attention_output, cross_weights = self.cross_attn(self.cross_attn_layer_norm(hidden), *cross_key_value,
+                                                              cross_attention_bias)
+            hidden = hidden + self.dropout(attention_output)
+        if index is not None:
+            self_weights, cross_weights = (
+                None if weights is None else scatter_query_rows(weights, index, valid, states.shape[1])
+                for weights in (self_weights, cross_weights))
+            if not self.transition.position_wise:
+                # a convolution reads neighbours: positions not transformed pass their step input through unchanged
+                hidden, index = scatter_positions(states, index, valid, hidden), None
         hidden = hidden + self.dropout(self.transition(self.transition_layer_norm(hidden), nonpadding))
-        return hidden if index is None else scatter_positions(states, index, valid, hidden)
+        hidden = hidden if index is None else scatter_positions(states, index, valid, hidden)
+        return hidden, self_weights, cross_weights
 
 
 class UniversalTransformerStack(nn.Module):
@@ -355,19 +390,30 @@ class UniversalTransformerStack(nn.Module):
             return timing_signal(config.num_step_signals, config.hidden_size, device, dtype)
         return torch.zeros(config.num_step_signals, config.hidden_size, device=device, dtype=dtype)
 
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, encoder_hidden_states=None,
-                encoder_attention_mask=None, output_hidden_states=None, **kwargs) -> UniversalTransformerModelOutput:
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        encoder_hidden_states: torch.FloatTensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> UniversalTransformerModelOutput:
+        """One side's pass; `output_attentions` / `output_hidden_states` default to the config's."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids and inputs_embeds")
+        config = self.config
+        output_attentions = config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
         if inputs_embeds is None:
             inputs_embeds = self.embed(input_ids)
         state = self.dropout(inputs_embeds)
         if self.embedding_proj is not None:
             state = self.embedding_proj(state)
         length, dtype, device = state.shape[1], state.dtype, state.device
-        nonpadding = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            nonpadding = attention_mask.to(device=device, dtype=torch.bool)
+        nonpadding = attention_mask.to(device=device, dtype=torch.bool) if attention_mask is not None else None
         self_bias = attention_bias(attention_mask, length, self.is_decoder, dtype, device)
         cross = {}
         if self.is_decoder:
@@ -378,31 +424,44 @@ class UniversalTransformerStack(nn.Module):
                                                             False, dtype, device)}
         conv_mask = nonpadding.unsqueeze(-1).to(dtype) if nonpadding is not None else None
 
-        def transform(step_input, running=None):
-            return self.layer(step_input, self_bias, running=running, nonpadding=conv_mask, **cross)
+        recorded = {"hidden_states": (state,) if output_hidden_states else None,
+                    "attentions": () if output_attentions else None,
+                    "cross_attentions": () if output_attentions and self.is_decoder else None}
 
-        position = timing_signal(length, self.config.hidden_size, device, dtype)
+        def transform(step_input, running=None):
+            """The shared layer on one step's input; records the step's outputs that were asked for."""
+            new_state, self_weights, cross_weights = self.layer(step_input, self_bias, running=running,
+                                                                nonpadding=conv_mask, **cross)
+            for name, value in (("attentions", self_weights), ("cross_attentions", cross_weights)):
+                if recorded[name] is not None:
+                    recorded[name] += (value,)
+            return new_state
+
+        def record(new_state):
+            if recorded["hidden_states"] is not None:
+                recorded["hidden_states"] += (new_state,)
+
+        position = timing_signal(length, config.hidden_size, device, dtype)
         steps = self.step_signals(device, dtype)
-        hidden_states = (state,) if output_hidden_states else None
         n_updates = remainders = ponder_cost = None
-        if self.config.use_act:
-            output, n_updates, remainders, hidden_states = self._adaptive_steps(
-                state, position, steps, transform, nonpadding, hidden_states)
+        if config.use_act:
+            output, n_updates, remainders = self._adaptive_steps(state, position, steps, transform, record,
+                                                                 nonpadding)
             counted = nonpadding.to(n_updates.dtype) if nonpadding is not None else torch.ones_like(n_updates)
             ponder_cost = ((n_updates + remainders) * counted).sum() / counted.sum().clamp(min=1.0)
         else:
-            for step in range(self.config.num_steps):
+            for step in range(config.num_steps):
                 state = transform(state + position + steps[step])
-                if hidden_states is not None:
-                    hidden_states += (state,)
+                record(state)
             output = state
         if self.final_layer_norm is not None:
             output = self.final_layer_norm(output)
         return UniversalTransformerModelOutput(last_hidden_state=output, n_updates=n_updates, remainders=remainders,
-                                               ponder_cost=ponder_cost, hidden_states=hidden_states)
+                                               ponder_cost=ponder_cost, **recorded)
 
-    def _adaptive_steps(self, state, position, steps, transform, nonpadding, hidden_states):
-        """tensor2tensor's ACT loop; returns the mixed state, n_updates, remainders and the per-step states."""
+    def _adaptive_steps(self, state, position, steps, transform, record, nonpadding):
+        """tensor2tensor's ACT loop; returns the mixed state, n_updates and remainders, and `record`s the state after
+        every step."""
         config = self.config
         threshold, max_steps = config.act_threshold, config.act_max_steps
         frozen = config.act_halted_state == "frozen"
@@ -432,16 +491,15 @@ class UniversalTransformerStack(nn.Module):
             else:
                 state = transform(step_input)
             mixed = state * update_weights + mixed * (1 - update_weights)
-            if hidden_states is not None:
-                hidden_states += (state,)
-        return mixed, n_updates, remainders, hidden_states
+            record(state)
+        return mixed, n_updates, remainders
 
 
 class UniversalTransformerPreTrainedModel(PreTrainedModel):
-    config_class = UniversalTransformerConfig
+    config: UniversalTransformerConfig
     base_model_prefix = "universal_transformer"
     main_input_name = "input_ids"
-    supports_gradient_checkpointing = False  # the ACT loop's length depends on the data
+    supports_gradient_checkpointing = True
     _no_split_modules = ["UniversalTransformerStack"]
     _supports_sdpa = True
     _supports_attention_backend = True
@@ -485,10 +543,17 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
         self.encoder.embed_tokens = value
 
     @can_return_tuple
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, output_hidden_states=None,
-                **kwargs) -> UniversalTransformerModelOutput:
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> UniversalTransformerModelOutput:
         return self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
-                            output_hidden_states=output_hidden_states)
+                            output_attentions=output_attentions, output_hidden_states=output_hidden_states)
 
 
 def act_loss(config, *ponder_costs):
@@ -513,11 +578,23 @@ class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrain
     def get_input_embeddings(self):
         return self.universal_transformer.get_input_embeddings()
 
+    def set_input_embeddings(self, value):
+        self.universal_transformer.set_input_embeddings(value)
+
     @can_return_tuple
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None, output_hidden_states=None,
-                **kwargs) -> UniversalTransformerSequenceClassifierOutput:
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> UniversalTransformerSequenceClassifierOutput:
         outputs = self.universal_transformer(input_ids=input_ids, attention_mask=attention_mask,
-                                             inputs_embeds=inputs_embeds, output_hidden_states=output_hidden_states)
+                                             inputs_embeds=inputs_embeds, output_attentions=output_attentions,
+                                             output_hidden_states=output_hidden_states, return_dict=True)
         hidden = outputs.last_hidden_state
         if self.config.classifier_pooling == "first":
             pooled = hidden[:, 0]
@@ -537,12 +614,13 @@ class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrain
             loss = loss + act_loss(self.config, outputs.ponder_cost)
         return UniversalTransformerSequenceClassifierOutput(
             loss=loss, logits=logits, ponder_cost=outputs.ponder_cost, n_updates=outputs.n_updates,
-            remainders=outputs.remainders, hidden_states=outputs.hidden_states)
+            remainders=outputs.remainders, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
 
 class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, GenerationMixin):
     """Encoder-decoder Universal Transformer, ACT on both sides, one embedding matrix shared by the encoder, the
-    decoder and the output softmax (tensor2tensor's `shared_embedding_and_softmax_weights`).
+    decoder and the output softmax (tensor2tensor's `shared_embedding_and_softmax_weights`): the decoder's embedding
+    and the softmax are tied to the encoder's embedding (stored once, under `encoder.embed_tokens.weight`).
 
     `labels` are the targets (-100 is ignored); the decoder input is the targets shifted right behind
     `decoder_start_token_id` (the pad id, whose embedding is zero: t2t's zero first input). There is no decoding cache,
@@ -556,9 +634,8 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
         super().__init__(config)
         if config.embedding_size != config.hidden_size:
             raise ValueError("the shared output softmax needs embedding_size == hidden_size")
-        shared = nn.Embedding(config.vocab_size, config.embedding_size)
-        self.encoder = UniversalTransformerStack(config, False, shared)
-        self.decoder = UniversalTransformerStack(config, True, shared)
+        self.encoder = UniversalTransformerStack(config, False, nn.Embedding(config.vocab_size, config.embedding_size))
+        self.decoder = UniversalTransformerStack(config, True, nn.Embedding(config.vocab_size, config.embedding_size))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
@@ -575,12 +652,6 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
     def set_output_embeddings(self, new_embeddings):
         self.lm_head = new_embeddings
 
-    def get_encoder(self):
-        return self.encoder
-
-    def get_decoder(self):
-        return self.decoder
-
     @classmethod
     def _supports_default_dynamic_cache(cls):
         return False  # no decoding cache: nothing for generate() to build
@@ -592,10 +663,35 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
             kwargs.pop(unused, None)
         return super().prepare_inputs_for_generation(input_ids, **kwargs)
 
+    def _expand_inputs_for_generation(self, expand_size=1, is_encoder_decoder=False, input_ids=None, **model_kwargs):
+        # beam search and num_return_sequences repeat every row of the encoder outputs; the encoder's ponder cost is
+        # a batch mean (a scalar, which cannot be repeated by rows), and repeating every row leaves it unchanged
+        encoder_outputs = model_kwargs.get("encoder_outputs")
+        ponder_cost = getattr(encoder_outputs, "ponder_cost", None)
+        if ponder_cost is not None:
+            model_kwargs["encoder_outputs"] = UniversalTransformerModelOutput(
+                **{name: value for name, value in encoder_outputs.items() if name != "ponder_cost"})
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(
+            expand_size, is_encoder_decoder, input_ids, **model_kwargs)
+        if ponder_cost is not None:
+            model_kwargs["encoder_outputs"]["ponder_cost"] = ponder_cost
+        return input_ids, model_kwargs
+
     @can_return_tuple
-    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
-                encoder_outputs=None, inputs_embeds=None, decoder_inputs_embeds=None, labels=None,
-                output_hidden_states=None, **kwargs) -> UniversalTransformerSeq2SeqLMOutput:
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: UniversalTransformerModelOutput | tuple | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        decoder_inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> UniversalTransformerSeq2SeqLMOutput:
         r"""
         decoder_attention_mask: padding mask of the decoder input; derived from `labels != -100` when only labels
             are given.
@@ -604,7 +700,8 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
         config = self.config
         if encoder_outputs is None:
             encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
-                                           inputs_embeds=inputs_embeds, output_hidden_states=output_hidden_states)
+                                           inputs_embeds=inputs_embeds, output_attentions=output_attentions,
+                                           output_hidden_states=output_hidden_states)
         elif not isinstance(encoder_outputs, UniversalTransformerModelOutput):  # a tuple: its first item is the state
             encoder_outputs = UniversalTransformerModelOutput(last_hidden_state=encoder_outputs[0])
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -614,7 +711,7 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids, attention_mask=decoder_attention_mask, inputs_embeds=decoder_inputs_embeds,
             encoder_hidden_states=encoder_outputs.last_hidden_state, encoder_attention_mask=attention_mask,
-            output_hidden_states=output_hidden_states)
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states)
         logits = self.lm_head(decoder_outputs.last_hidden_state)
         ponder_costs = [c for c in (encoder_outputs.ponder_cost, decoder_outputs.ponder_cost) if c is not None]
         loss = None
@@ -627,9 +724,10 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
             loss=loss, logits=logits, ponder_cost=sum(ponder_costs) if ponder_costs else None,
             decoder_n_updates=decoder_outputs.n_updates, decoder_remainders=decoder_outputs.remainders,
             decoder_ponder_cost=decoder_outputs.ponder_cost, decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions, cross_attentions=decoder_outputs.cross_attentions,
             encoder_last_hidden_state=encoder_outputs.last_hidden_state, encoder_n_updates=encoder_outputs.n_updates,
             encoder_remainders=encoder_outputs.remainders, encoder_ponder_cost=encoder_outputs.ponder_cost,
-            encoder_hidden_states=encoder_outputs.hidden_states)
+            encoder_hidden_states=encoder_outputs.hidden_states, encoder_attentions=encoder_outputs.attentions)
 
 
 __all__ = ["UniversalTransformerForSeq2SeqLM", "UniversalTransformerForSequenceClassification",
