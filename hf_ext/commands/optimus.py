@@ -63,11 +63,11 @@ def _latent_space(args):
     generation = {"max_new_tokens": args.max_new_tokens, "num_beams": args.num_beams, "do_sample": args.sample}
     if args.sample:
         generation.update(top_k=args.top_k, top_p=args.top_p, temperature=args.temperature)
+    model, processor = _load_optimus(args)
     try:
-        return OptimusLatentSpace.from_pretrained(args.model, trust_remote_code=args.trust_remote_code or None,
-                                                  **generation)
-    except OSError as error:
-        raise HfExtError(f"cannot load an Optimus model from {args.model}: {str(error).splitlines()[0]}") from None
+        return OptimusLatentSpace(model, processor, **generation)
+    except ValueError as error:  # generation settings the model cannot follow
+        raise HfExtError(str(error)) from None
 
 
 def _encode(args, space):
@@ -160,14 +160,12 @@ def _check_common_arguments(args):
 def _load_optimus(args):
     from transformers import AutoModel, AutoProcessor
 
-    from ..errors import HfExtError
+    from ..errors import HfExtError, loading
 
     trust = args.trust_remote_code or None
-    try:
+    with loading("an Optimus model", args.model):
         model = AutoModel.from_pretrained(args.model, trust_remote_code=trust)
         processor = AutoProcessor.from_pretrained(args.model, trust_remote_code=trust)
-    except OSError as error:
-        raise HfExtError(f"cannot load an Optimus model from {args.model}: {str(error).splitlines()[0]}") from None
     if model.config.model_type != "optimus":
         raise HfExtError(f"{args.model} holds a {model.config.model_type!r} model, not an Optimus model")
     return model, processor

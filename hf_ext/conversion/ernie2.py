@@ -261,7 +261,7 @@ def find_source(src, vocab=None):
         folder, weights = src, None
     if weights is None and (folder / "params").is_dir():
         config = folder / STATIC_CONFIG
-        if not config.is_file():
+        if not config.exists():  # a FIFO or device is refused when read, not taken for no config
             raise HfExtError(f"source {folder} has params/ but no {STATIC_CONFIG}")
         return ErnieSource(folder, "static", config, _vocab_path(folder, vocab), folder / "params")
     if weights is None:
@@ -274,7 +274,7 @@ def find_source(src, vocab=None):
             raise HfExtError(f"source {folder} is neither a Paddle static release (params/ + {STATIC_CONFIG}) nor a "
                              f"PaddleNLP folder ({PADDLENLP_WEIGHTS} + config.json)")
         weights = candidates[0]
-    configs = [folder / name for name in PADDLENLP_CONFIGS if (folder / name).is_file()]
+    configs = [folder / name for name in PADDLENLP_CONFIGS if (folder / name).exists()]
     if not configs:
         raise HfExtError(f"source {folder} has {weights.name} but no {' or '.join(PADDLENLP_CONFIGS)}")
     return ErnieSource(folder, "paddlenlp", configs[0], _vocab_path(folder, vocab), weights)
@@ -567,8 +567,8 @@ def reference_errors(model, reference):
     """Max abs errors against the original's outputs (the fixtures' `reference.safetensors` layout): key-mask tensors
     at every position, original-mask tensors at real tokens."""
     model.eval()
-    inputs = {k: reference[k] for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids",
-                                         "task_type_ids") if k in reference}
+    inputs = {"input_ids": reference["input_ids"], "attention_mask": reference["attention_mask"],
+              **{k: reference[k] for k in ("token_type_ids", "position_ids", "task_type_ids") if k in reference}}
     if not model.config.use_task_id:
         inputs.pop("task_type_ids", None)
     with torch.no_grad():

@@ -162,7 +162,8 @@ def read_original(source):
                 args = _load_args(folder / ARGS_FILE)
 
     _check_is_optimus(encoder_state, decoder_state, source)
-    if source.encoder_dir is not None and (source.encoder_dir / "config.json").is_file():
+    # exists(), not is_file(): a FIFO or device named config.json is refused by read_json, not taken for no config
+    if source.encoder_dir is not None and (source.encoder_dir / "config.json").exists():
         encoder_config = read_json(source.encoder_dir / "config.json", "encoder config")
         decoder_config = read_json(source.decoder_dir / "config.json", "decoder config")
     else:
