@@ -494,3 +494,92 @@ def test_bad_command_input_gives_one_line_and_writes_nothing(build, expected_cod
 
 def test_the_table_covers_at_least_sixty_cases():
     assert len(CASES) + len(COMMAND_CASES) >= 60
+
+
+# ----- signals, concurrent runs, modes -----------------------------------------------------------------------------
+
+SLOW_WRITER = """
+import argparse, sys, time
+from hf_ext.cli import execute
+from hf_ext.export import log
+from hf_ext.output import atomic_output_dir
+
+def write_slowly(args):
+    with atomic_output_dir(args.out) as staging:
+        (staging / "model.safetensors").write_bytes(bytes(1 << 20))
+        log('{"step": 1, "loss": 2.5}')
+        print("ready", flush=True)
+        time.sleep(120)
+
+sys.exit(execute(argparse.Namespace(handler=write_slowly, out=sys.argv[1], command="convert"), "hf-ext"))
+"""
+
+
+def start_slow_writer(out):
+    process = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(out)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert process.stdout.readline() == "ready\n", process.stderr.read()
+    return process
+
+
+@pytest.mark.parametrize("sent, code, message", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                                  (signal.SIGINT, 130, "interrupted")])
+def test_a_signal_during_a_save_removes_the_staging_folder(tmp_path, sent, code, message):
+    process = start_slow_writer(tmp_path / "out")
+    assert len(list(tmp_path.glob(".out.partial-*"))) == 1
+    process.send_signal(sent)
+    assert process.wait(timeout=60) == code
+    lines = process.stderr.read().splitlines()
+    assert lines[-2:] == ['{"step": 1, "loss": 2.5}', f"hf-ext: error: {message}"]  # each on a line of its own
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_later_run_removes_the_staging_folder_of_a_killed_one(tmp_path):
+    process = start_slow_writer(tmp_path / "out")
+    process.kill()  # SIGKILL cannot be handled: the staging folder stays behind
+    process.wait(timeout=60)
+    process.stdout.close()
+    process.stderr.close()
+    left = list(tmp_path.glob(".out.partial-*"))
+    assert len(left) == 1
+    alive = start_slow_writer(tmp_path / "other")  # a run in progress beside it keeps its staging folder
+    try:
+        with atomic_output_dir(tmp_path / "out") as staging:
+            (staging / "done").write_text("")
+        assert not left[0].exists() and (tmp_path / "out" / "done").is_file()
+        assert len(list(tmp_path.glob(".other.partial-*"))) == 1
+    finally:
+        alive.kill()
+        alive.wait(timeout=60)
+        alive.stdout.close()
+        alive.stderr.close()
+
+
+@pytest.mark.parametrize("empty", [True, False])
+def test_a_run_never_replaces_an_output_another_run_committed_meanwhile(tmp_path, empty):
+    out = tmp_path / "out"
+    with pytest.raises(HfExtError, match="was created by someone else while this run worked"):
+        with atomic_output_dir(out) as staging:
+            (staging / "model.safetensors").write_text("second")
+            out.mkdir()  # the other run commits first (an empty folder would be replaced by a plain rename)
+            if not empty:
+                (out / "model.safetensors").write_text("first")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert [p.read_text() for p in out.iterdir()] == ([] if empty else ["first"])
+    with atomic_output_dir(out, overwrite=True) as staging:  # --overwrite keeps its meaning
+        (staging / "model.safetensors").write_text("third")
+    assert (out / "model.safetensors").read_text() == "third" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("umask, folder_mode, file_mode", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])
+def test_converted_folders_follow_the_umask(tmp_path, capsys, umask, folder_mode, file_mode):
+    previous = os.umask(umask)
+    try:
+        code, err = run(["convert", "universal-transformer", UT, tmp_path / "out"], capsys)
+    finally:
+        os.umask(previous)
+    assert code == 0, err
+    out = tmp_path / "out"
+    assert out.stat().st_mode & 0o777 == folder_mode
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == \
+        {p.name: file_mode for p in out.iterdir()}
