@@ -13,7 +13,7 @@ import sys
 import threading
 
 from .conversion import CONVERTERS
-from .errors import HfExtError
+from .errors import HfExtError, one_line
 
 COMMAND_GROUPS = ("hf_ext.commands.optimus", "hf_ext.commands.demo", "hf_ext.commands.mtdnn",
                   "hf_ext.commands.ernie2",
@@ -126,12 +126,11 @@ def terminate_as_exception():
 def describe_failure(error: BaseException) -> str:
     """One line for an unexpected failure: its type and the first line of its message, with the file an OSError
     names."""
-    text = str(error).strip()
     if isinstance(error, OSError) and error.filename is not None and error.strerror:
-        text = f"{error.filename}: {error.strerror}"
+        return f"{type(error).__name__}: {error.filename}: {error.strerror}"
     if isinstance(error, MemoryError):
-        text = "out of memory (an input announces more data than can be held; is it corrupt?)"
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else '(no message)'}"
+        return "MemoryError: out of memory (an input announces more data than can be held: is it corrupt?)"
+    return f"{type(error).__name__}: {one_line(error)}"
 
 
 def execute(args: argparse.Namespace, prog: str) -> int:

@@ -20,11 +20,13 @@ def loading(what: str, source: object) -> Iterator[None]:
         yield
     except SafetensorError as error:
         raise HfExtError(f"cannot load {what} from {source}: its safetensors weights are corrupt or truncated "
-                         f"({_one_line(error)})") from None
+                         f"({one_line(error)})") from None
     except (OSError, ValueError, StrictDataclassError) as error:
-        raise HfExtError(f"cannot load {what} from {source}: {_one_line(error)}") from None
+        raise HfExtError(f"cannot load {what} from {source}: {one_line(error)}") from None
 
 
-def _one_line(error):
+def one_line(error: BaseException) -> str:
+    """An exception's message as one line: its first two lines joined (transformers' strict config checks put the
+    detail on the second), or its type name when it has no message."""
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     return " ".join(lines[:2]) if lines else type(error).__name__

@@ -85,11 +85,6 @@ def write_model_folder(folder, model_class, config, state_dict, auto_map=None, p
     return model
 
 
-def config_error_text(error: Exception) -> str:
-    """A config validation error as one line (transformers' strict type checks put the detail on a second line)."""
-    return " ".join(line.strip() for line in str(error).strip().splitlines() if line.strip())
-
-
 def sha256(path):
     """Hex SHA-256 of a file, read in chunks (checkpoints can be large)."""
     with open(path, "rb") as handle:

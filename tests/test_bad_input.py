@@ -33,6 +33,7 @@ ERNIE_STATIC = FIXTURES / "ernie2" / "tiny" / "paddle_static"
 ERNIE_PADDLENLP = FIXTURES / "ernie2" / "tiny" / "paddlenlp"
 MTDNN = FIXTURES / "mtdnn" / "tiny"
 UT = FIXTURES / "universal_transformer" / "tiny"
+GLUE = REPO_ROOT / "tests" / "data" / "glue_samples"
 ENCODER = "checkpoint-encoder-100"
 DECODER = "checkpoint-decoder-100"
 
@@ -81,6 +82,11 @@ def edit_state(path, change):
     state = torch.load(path, weights_only=True)
     change(state)
     torch.save(state, path)
+
+
+def written(path, text):
+    path.write_text(text)
+    return path
 
 
 def truncated_copy(source, target):
@@ -405,6 +411,15 @@ def ut_folder(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="module")
+def ernie_folder(tmp_path_factory):
+    from hf_ext.conversion.ernie2 import convert_ernie2_checkpoint
+
+    folder = tmp_path_factory.mktemp("bad_input_ernie") / "converted"
+    convert_ernie2_checkpoint(ERNIE_STATIC, folder)
+    return folder
+
+
 def damaged_copy(folder, tmp, change):
     target = copy(folder, tmp, "model")
     change(target)
@@ -437,6 +452,15 @@ COMMAND_CASES = {
         m["optimus"], tmp, lambda f: fifo(f / "config.json")), "a dog"], 1, "config.json"),
     "halting map of a huge input": (lambda tmp, m: ["universal-transformer", "halting-map", m["ut"], "1" * 5000,
                                                     tmp / "out.png"], 1, "a halting map takes at most 512"),
+    "ernie finetune of a folder with zero heads": (lambda tmp, m: [
+        "ernie2", "finetune", damaged_copy(m["ernie"], tmp, lambda f: edit_json(f / "config.json",
+                                                                                num_attention_heads=0)),
+        "--task", "MRPC", "--train-file", GLUE / "MRPC" / "train.tsv", "--output-dir", tmp / "out"], 1,
+        "num_attention_heads must be a positive integer"),
+    "ernie pretrain from a folder with a string size": (lambda tmp, m: [
+        "ernie2", "pretrain", damaged_copy(m["ernie"], tmp, lambda f: edit_json(f / "config.json", hidden_size="32")),
+        "--documents", written(tmp / "docs.txt", "A sentence.\nAnother one.\n"), "--output-dir", tmp / "out"], 1,
+        "hidden_size"),
     "ernie export of a missing folder": (lambda tmp, m: ["ernie2", "export", tmp / "nothing", tmp / "out"], 1,
                                          "cannot load a model config"),
     "mtdnn train with a bad warmup": (lambda tmp, m: ["mtdnn", "train", m["optimus"], "--train", "a=b.tsv",
@@ -484,12 +508,27 @@ def test_bad_conversion_input_gives_one_line_and_writes_nothing(build, expected_
 @pytest.mark.parametrize("build, expected_code, message",
                          [pytest.param(*case, id=name) for name, case in COMMAND_CASES.items()])
 def test_bad_command_input_gives_one_line_and_writes_nothing(build, expected_code, message, tmp_path, capsys,
-                                                             monkeypatch, optimus_folder, ut_folder):
+                                                             monkeypatch, optimus_folder, ut_folder, ernie_folder):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    argv = build(tmp_path, {"optimus": optimus_folder, "ut": ut_folder})
+    argv = build(tmp_path, {"optimus": optimus_folder, "ut": ut_folder, "ernie": ernie_folder})
     code, err = run(argv, capsys)
     assert_refused(tmp_path, code, err, expected_code, message)
     assert not (tmp_path / "out.png").exists()
+
+
+def test_an_unexpected_exception_is_one_line_and_a_traceback_with_hf_ext_debug(capsys, monkeypatch):
+    import argparse
+
+    from hf_ext.cli import execute
+
+    def divide(args):
+        return 1 // 0
+
+    assert execute(argparse.Namespace(handler=divide, command="x"), "hf-ext") == 1
+    assert capsys.readouterr().err == "hf-ext: error: ZeroDivisionError: integer division or modulo by zero\n"
+    monkeypatch.setenv("HF_EXT_DEBUG", "1")
+    with pytest.raises(ZeroDivisionError):
+        execute(argparse.Namespace(handler=divide, command="x"), "hf-ext")
 
 
 def test_the_table_covers_at_least_sixty_cases():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import HfExtError
+from ..errors import HfExtError, one_line
 
 CONVERTERS = {
     "optimus": ("hf_ext.conversion.optimus", "original Optimus checkpoints (ChunyuanLI/Optimus)"),
@@ -42,7 +42,7 @@ def load_reference(path: str | Path) -> dict[str, torch.Tensor]:
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as error:
-        raise HfExtError(f"reference {path} is not a readable safetensors file ({str(error).splitlines()[0]})") \
+        raise HfExtError(f"reference {path} is not a readable safetensors file ({one_line(error)})") \
             from None
     if not tensors:
         raise HfExtError(f"reference {path} holds no tensors")
@@ -59,7 +59,7 @@ def compare_with_reference(model: torch.nn.Module, reference: dict[str, torch.Te
         raise HfExtError(f"reference {path} lacks the tensor {error.args[0]!r} (a reference of another model?)") \
             from None
     except (RuntimeError, ValueError, IndexError, TypeError) as error:
-        raise HfExtError(f"reference {path} does not fit this model ({str(error).splitlines()[0]})") from None
+        raise HfExtError(f"reference {path} does not fit this model ({one_line(error)})") from None
     if not errors:
         raise HfExtError(f"reference {path} holds none of the outputs this model is compared on (a reference of "
                          "another model?)")

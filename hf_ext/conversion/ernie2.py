@@ -26,10 +26,9 @@ from transformers import BertTokenizer, ErnieConfig, ErnieForPreTraining
 
 from ..arguments import positive_float
 from ..checkpoints import load_numpy_pickle
-from ..errors import HfExtError
+from ..errors import HfExtError, one_line
 from ..models.ernie2.configuration_ernie2 import validate_ernie_encoder
 from ..export import (
-    config_error_text,
     empty_model,
     expected_tensors,
     file_record,
@@ -352,7 +351,7 @@ def build_config(source_config, config_path, pad_token_id, layer_norm_eps=ORIGIN
         )
         validate_ernie_encoder(config)
     except (ValueError, StrictDataclassError) as error:
-        raise HfExtError(f"config {config_path}: {config_error_text(error)}") from None
+        raise HfExtError(f"config {config_path}: {one_line(error)}") from None
     return config
 
 

@@ -21,8 +21,8 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoTokenizer, BertConfig
 
 from ..checkpoints import safe_torch_load
-from ..errors import HfExtError
-from ..export import config_error_text, file_record, log, write_model_folder
+from ..errors import HfExtError, one_line
+from ..export import file_record, log, write_model_folder
 from ..models.mtdnn import AUTO_MAP, MTDNNConfig, MTDNNModel
 from . import add_output_arguments, compare_with_reference, load_reference, print_parity
 
@@ -259,7 +259,7 @@ def encoder_config(opt, path):
         encoder = BertConfig(**{key: opt[key] for key in BERT_CONFIG_KEYS if key in opt})
         MTDNNConfig(encoder=encoder)  # the config's own checks of the encoder, before any task is read
     except (ValueError, StrictDataclassError) as error:
-        raise HfExtError(f"checkpoint {path}: invalid BERT settings: {config_error_text(error)}") from None
+        raise HfExtError(f"checkpoint {path}: invalid BERT settings: {one_line(error)}") from None
     return encoder
 
 

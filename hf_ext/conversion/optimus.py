@@ -19,8 +19,8 @@ from safetensors import safe_open
 from transformers import BertConfig, BertTokenizer, GPT2Config, GPT2Tokenizer
 
 from ..checkpoints import load_state_dict, safe_torch_load
-from ..errors import HfExtError
-from ..export import config_error_text, file_record, log, read_json, write_model_folder
+from ..errors import HfExtError, one_line
+from ..export import file_record, log, read_json, write_model_folder
 from ..models.optimus import AUTO_MAP, OptimusConfig, OptimusModel, OptimusProcessor
 from . import add_output_arguments, compare_with_reference, load_reference, print_parity
 
@@ -271,7 +271,7 @@ def build_config(original, latent_as_gpt_memory=None, latent_as_gpt_emb=None, sp
             tie_word_embeddings=tied,
         )
     except (ValueError, StrictDataclassError) as error:
-        raise HfExtError(f"{_config_files(original.source)}: {config_error_text(error)}") from None
+        raise HfExtError(f"{_config_files(original.source)}: {one_line(error)}") from None
 
 
 def _config_files(source):

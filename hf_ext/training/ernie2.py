@@ -29,6 +29,7 @@ from ..errors import HfExtError
 from ..export import log
 from ..metrics import load_metric
 from ..models.ernie2 import PRETRAINING_TASKS, Ernie2ForPreTraining
+from ..models.ernie2.configuration_ernie2 import validate_ernie_encoder
 from ..output import atomic_output_dir
 from .ernie2_data import Ernie2PreTrainingCollator
 from .mtdnn import GLUE_ALIASES, GLUE_LAYOUTS, glue_layout, load_glue_tsv
@@ -401,6 +402,8 @@ def finetune_glue(model_name_or_path, task, train_file, args, eval_file=None, ta
     layout = GLUE_LAYOUTS[key]
     try:
         config = AutoConfig.from_pretrained(model_name_or_path)
+        if config.model_type == "ernie":
+            validate_ernie_encoder(config)  # transformers' ErnieConfig checks the types of its sizes only
         tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
     except (OSError, ValueError) as error:
         raise HfExtError(f"cannot load {model_name_or_path}: {str(error).splitlines()[0]}") from None
