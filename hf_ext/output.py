@@ -1,8 +1,9 @@
 """Atomic output folders: work happens in a hidden staging folder beside OUT that is renamed into place only on
 success, never over a folder this run was not asked to replace, with the permissions the umask gives new files.
 
-A staging folder is named `.OUT.partial-<pid>-<random>`; one whose process is gone (killed with SIGKILL, or a
-crashed machine) is removed by the next run that writes beside it.
+A staging folder is named `.OUT.partial-<host>-<pid>-<random>`; one of this host whose process is gone (killed with
+SIGKILL) is removed by the next run that writes beside it. The host is part of the name because a shared file system
+is seen by processes of other machines, whose process ids mean nothing here.
 """
 
 import contextlib
@@ -11,6 +12,7 @@ import errno
 import os
 import re
 import shutil
+import socket
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -58,21 +60,23 @@ def _process_alive(pid: int) -> bool:
 
 
 def remove_stale_staging(out: Path) -> None:
-    """Remove the staging folders of OUT whose process no longer runs (SIGKILL cannot be caught, so the next run
-    cleans up after it)."""
+    """Remove the staging folders of OUT that a process of this host left and that no longer runs (SIGKILL cannot
+    be caught, so the next run cleans up after it)."""
     parent = out.absolute().parent
     if not parent.is_dir():
         return
-    pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:{'|'.join(STAGING_KINDS)})-(\d+)-[^/]*")
+    # mkdtemp's random part has no "-", so the host (which may) is everything before the last two
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:{'|'.join(STAGING_KINDS)})-(.+)-(\d+)-[^-]+")
     for entry in parent.iterdir():
         match = pattern.fullmatch(entry.name)
-        if match and int(match.group(1)) != os.getpid() and not _process_alive(int(match.group(1))):
-            logger.warning(f"removing {entry}, left by process {match.group(1)}, which no longer runs")
+        if match and match.group(1) == socket.gethostname() and not _process_alive(int(match.group(2))):
+            logger.warning(f"removing {entry}, left by process {match.group(2)}, which no longer runs")
             shutil.rmtree(entry, ignore_errors=True)
 
 
 def _staging_dir(out: Path, kind: str) -> Path:
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.{kind}-{os.getpid()}-", dir=out.absolute().parent))
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.{kind}-{socket.gethostname()}-{os.getpid()}-",
+                                 dir=out.absolute().parent))
 
 
 def current_umask() -> int:

@@ -14,7 +14,6 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -443,7 +442,8 @@ COMMAND_CASES = {
                                                ["optimus", "train", m["optimus"], "--train-file", tmp / "t.txt",
                                                 "--output-dir", tmp / "out"])[2], 1, "already exists"),
     "truncated model.safetensors": (lambda tmp, m: ["optimus", "encode", damaged_copy(
-        m["optimus"], tmp, lambda f: truncate(f / "model.safetensors")), "a dog"], 1, "safetensors weights are corrupt or truncated"),
+        m["optimus"], tmp, lambda f: truncate(f / "model.safetensors")), "a dog"], 1,
+        "safetensors weights are corrupt or truncated"),
     "model config with zero heads": (lambda tmp, m: ["optimus", "encode", damaged_copy(
         m["optimus"], tmp, lambda f: edit_json(f / "config.json", decoder={
             **json.loads((f / "config.json").read_text())["decoder"], "n_head": 0})), "a dog"], 1,
