@@ -3,10 +3,6 @@ the paper's algorithmic tasks, and plot the halting map of an input."""
 
 import json
 
-# a map is one column per position: past a few hundred it is unreadable, and ACT over thousands of positions (and a
-# greedy output as long) takes minutes
-MAX_HALTING_MAP_TOKENS = 512
-
 
 def register(commands):
     group = commands.add_parser("universal-transformer", help="Universal Transformer training and halting maps",
@@ -124,7 +120,7 @@ def _halting_map(args):
     from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
     from transformers import AutoTokenizer
 
-    from ..errors import HfExtError
+    from ..errors import HfExtError, loading
     from ..training.plots import require_matplotlib
     from ..training.universal_transformer import halting_map, plot_halting_map
 
@@ -146,12 +142,8 @@ def _halting_map(args):
         tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=trust)
     except (OSError, ValueError) as error:
         raise HfExtError(f"{args.model} has no usable tokenizer: {str(error).splitlines()[0]}") from None
-    length = len(tokenizer(args.text)["input_ids"])
-    _require(length <= MAX_HALTING_MAP_TOKENS, f"the input has {length} tokens; a halting map takes at most "
-             f"{MAX_HALTING_MAP_TOKENS}")
-    _require(args.max_new_tokens is None or args.max_new_tokens <= MAX_HALTING_MAP_TOKENS,
-             f"--max-new-tokens must be at most {MAX_HALTING_MAP_TOKENS}")
-    model = auto_class.from_pretrained(args.model, trust_remote_code=trust)
+    with loading("a Universal Transformer", args.model):
+        model = auto_class.from_pretrained(args.model, trust_remote_code=trust)
     rows = halting_map(model, tokenizer, args.text, max_new_tokens=args.max_new_tokens)
     plot_halting_map(rows, out, title=f"Halting map of {args.text!r}")
     print(json.dumps({"out": str(out), "rows": [{"side": row.side, "tokens": row.tokens,
