@@ -66,12 +66,19 @@ def remove_stale_staging(out: Path) -> None:
     if not parent.is_dir():
         return
     # mkdtemp's random part has no "-", so the host (which may) is everything before the last two
-    pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:{'|'.join(STAGING_KINDS)})-(.+)-(\d+)-[^-]+")
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.({'|'.join(STAGING_KINDS)})-(.+)-(\d+)-[^-]+")
     for entry in parent.iterdir():
         match = pattern.fullmatch(entry.name)
-        if match and match.group(1) == socket.gethostname() and not _process_alive(int(match.group(2))):
-            logger.warning(f"removing {entry}, left by process {match.group(2)}, which no longer runs")
-            shutil.rmtree(entry, ignore_errors=True)
+        if not match or match.group(2) != socket.gethostname() or _process_alive(int(match.group(3))):
+            continue
+        replaced = entry / out.name
+        if match.group(1) == "old" and replaced.is_dir() and not os.path.lexists(out):
+            # killed between moving the old output aside and putting the new one in place: the old one goes back
+            logger.warning(f"restoring {out} from {replaced}, left by process {match.group(3)}")
+            with contextlib.suppress(OSError):
+                _rename_noreplace(replaced, out)
+        logger.warning(f"removing {entry}, left by process {match.group(3)}, which no longer runs")
+        shutil.rmtree(entry, ignore_errors=True)
 
 
 def _staging_dir(out: Path, kind: str) -> Path:
@@ -150,6 +157,11 @@ def commit(staging: Path, out: Path, overwrite: bool) -> None:
     except FileExistsError:
         raise HfExtError(f"output {out} was created again by someone else while this run replaced it; the folder "
                          f"it replaced is kept in {backup}") from None
+    except BaseException:  # a signal between the two renames: the replaced folder goes back
+        with contextlib.suppress(OSError):
+            _rename_noreplace(backup / out.name, out)
+            backup.rmdir()
+        raise
     shutil.rmtree(backup, ignore_errors=True)
 
 

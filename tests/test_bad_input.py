@@ -622,3 +622,20 @@ def test_converted_folders_follow_the_umask(tmp_path, capsys, umask, folder_mode
     assert out.stat().st_mode & 0o777 == folder_mode
     assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == \
         {p.name: file_mode for p in out.iterdir()}
+
+
+def test_an_output_moved_aside_by_a_killed_overwrite_is_put_back(tmp_path):
+    import socket
+
+    from hf_ext.output import remove_stale_staging
+
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(finished.stdout)  # a process that has ended
+    aside = tmp_path / f".out.old-{socket.gethostname()}-{dead}-abc123" / "out"
+    aside.mkdir(parents=True)
+    (aside / "model.safetensors").write_text("previous")
+    partial = tmp_path / f".out.partial-{socket.gethostname()}-{dead}-def456"
+    partial.mkdir()
+    remove_stale_staging(tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert (tmp_path / "out" / "model.safetensors").read_text() == "previous"
