@@ -76,14 +76,14 @@ def safe_torch_load(path, what="checkpoint", extra_globals=()):
         if "truncated" in text or "EOF" in text:
             raise HfExtError(f"{what} {path} is truncated or corrupt ({_first_line(text)})") from None
         raise HfExtError(f"{what} {path} is not a torch checkpoint ({_first_line(text)})") from None
-    except (EOFError, zipfile.BadZipFile) as error:
+    except (EOFError, zipfile.BadZipFile, OSError) as error:  # the file opened: an OSError here is a bad offset
         raise HfExtError(f"{what} {path} is truncated or corrupt ({type(error).__name__}: {error})") from None
     except RuntimeError as error:
         text = _first_line(str(error))
         if any(s in text for s in ("PytorchStreamReader", "unexpected EOF", "storage", "size")):
             raise HfExtError(f"{what} {path} is truncated or corrupt ({text})") from None
         raise HfExtError(f"{what} {path} could not be read as a torch checkpoint ({text})") from None
-    except (ValueError, TypeError, AttributeError, ImportError, OSError, IndexError, KeyError) as error:
+    except (ValueError, TypeError, AttributeError, ImportError, IndexError, KeyError) as error:
         raise HfExtError(f"{what} {path} could not be read as a torch checkpoint ({type(error).__name__}: "
                          f"{_first_line(str(error))})") from None
 

@@ -8,10 +8,12 @@ import argparse
 import contextlib
 import importlib
 import os
+import signal
 import sys
+import threading
 
 from .conversion import CONVERTERS
-from .errors import HfExtError
+from .errors import HfExtError, one_line
 
 COMMAND_GROUPS = ("hf_ext.commands.optimus", "hf_ext.commands.demo", "hf_ext.commands.mtdnn",
                   "hf_ext.commands.ernie2",
@@ -63,8 +65,21 @@ def _run_push(args):
                       commit_message=args.commit_message))
 
 
-def main(argv=None, prog="hf-ext"):
-    return execute(build_parser(prog).parse_args(argv), prog)
+def main(argv: list[str] | None = None, prog: str = "hf-ext") -> int:
+    parser = build_parser(prog)
+    return execute(parser.parse_args(_checked_argv(parser, argv)), prog)
+
+
+def _checked_argv(parser, argv):
+    """The arguments, refused as a usage error when one holds bytes that are not UTF-8 (Python keeps them as lone
+    surrogates, which file names for safetensors and the Hub, and printed text, cannot hold)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    for argument in argv:
+        try:
+            argument.encode("utf-8")
+        except UnicodeEncodeError:
+            parser.error(f"argument '{argument.encode('utf-8', 'backslashreplace').decode()}' is not valid UTF-8")
+    return argv
 
 
 def convert_main(model, argv=None, prog=None):
@@ -74,7 +89,7 @@ def convert_main(model, argv=None, prog=None):
     parser = Parser(prog=prog, description=f"Convert {summary} (same as `hf-ext convert {model}`).")
     module.add_arguments(parser)
     parser.set_defaults(handler=module.run)
-    return execute(parser.parse_args(argv), parser.prog)
+    return execute(parser.parse_args(_checked_argv(parser, argv)), parser.prog)
 
 
 def needs_the_hub(args) -> bool:
@@ -86,28 +101,63 @@ def needs_the_hub(args) -> bool:
     return any(isinstance(name, str) and not os.path.exists(name) for name in models)
 
 
-def execute(args, prog):
-    """Run a parsed command; user-facing failures become one error line and a non-zero exit code."""
+class Terminated(BaseException):
+    """SIGTERM (from `timeout`, Slurm, `docker stop`), raised like KeyboardInterrupt so that staging folders are
+    removed on the way out."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def terminate_as_exception():
+    """SIGTERM raises `Terminated` while a command runs (in the main thread only, where Python handles signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def describe_failure(error: BaseException) -> str:
+    """One line for an unexpected failure: its type and the first line of its message, with the file an OSError
+    names."""
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        return f"{type(error).__name__}: {error.filename}: {error.strerror}"
+    if isinstance(error, MemoryError):
+        return "MemoryError: out of memory (an input announces more data than can be held: is it corrupt?)"
+    return f"{type(error).__name__}: {one_line(error)}"
+
+
+def execute(args: argparse.Namespace, prog: str) -> int:
+    """Run a parsed command. This is the one place where failures become one `PROG: error: ...` line and an exit code:
+    1 for anything raised (HF_EXT_DEBUG=1 re-raises it for the traceback), 130 for Ctrl-C, 143 for SIGTERM."""
     from .hub import hub_offline
 
     _quiet_libraries()
     try:
-        with contextlib.nullcontext() if needs_the_hub(args) else hub_offline():
+        with terminate_as_exception(), contextlib.nullcontext() if needs_the_hub(args) else hub_offline():
             args.handler(args)
     except HfExtError as error:
         return _fail(prog, str(error))
     except KeyboardInterrupt:
         return _fail(prog, "interrupted", code=130)
-    except (ValueError, OSError, RuntimeError) as error:
+    except Terminated:
+        return _fail(prog, "terminated (SIGTERM)", code=128 + signal.SIGTERM)
+    except Exception as error:  # noqa: BLE001 - every failure ends as one line; HF_EXT_DEBUG shows the traceback
         if os.environ.get("HF_EXT_DEBUG"):
             raise
-        text = str(error).strip()
-        return _fail(prog, f"{type(error).__name__}: {text.splitlines()[0] if text else ''}")
+        return _fail(prog, describe_failure(error))
     return 0
 
 
 def _fail(prog, message, code=1):
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    sys.stderr.write(f"{prog}: error: {message}\n")
+    sys.stderr.flush()
     return code
 
 

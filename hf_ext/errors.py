@@ -1,5 +1,32 @@
-"""The one exception type the CLI turns into a single clear error line and a non-zero exit."""
+"""The one exception type the CLI turns into a single clear error line and a non-zero exit, and the translation of
+model-loading failures into it."""
+
+import contextlib
+from collections.abc import Iterator
 
 
 class HfExtError(Exception):
     """A user-facing failure: bad input, a refused checkpoint, a bad argument. The message is one line."""
+
+
+@contextlib.contextmanager
+def loading(what: str, source: object) -> Iterator[None]:
+    """Turn a failure to load `what` from `source` (a folder or Hub repo id) inside the block into one `HfExtError`
+    line naming both: missing or unreadable files, truncated or corrupt safetensors weights, invalid configs."""
+    from huggingface_hub.errors import StrictDataclassError
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as error:
+        raise HfExtError(f"cannot load {what} from {source}: its safetensors weights are corrupt or truncated "
+                         f"({one_line(error)})") from None
+    except (OSError, ValueError, StrictDataclassError) as error:
+        raise HfExtError(f"cannot load {what} from {source}: {one_line(error)}") from None
+
+
+def one_line(error: BaseException) -> str:
+    """An exception's message as one line: its first two lines joined (transformers' strict config checks put the
+    detail on the second), or its type name when it has no message."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return " ".join(lines[:2]) if lines else type(error).__name__

@@ -15,8 +15,10 @@ from .errors import HfExtError
 
 
 def log(message):
-    """Progress of long work, on stderr so that stdout stays machine-readable."""
-    print(message, file=sys.stderr, flush=True)
+    """Progress of long work, on stderr so that stdout stays machine-readable. The line and its newline go out in
+    one write, so that a Ctrl-C cannot leave a line unfinished for the error message to be glued to."""
+    sys.stderr.write(f"{message}\n")
+    sys.stderr.flush()
 
 
 def empty_model(model_class, config):
@@ -31,8 +33,9 @@ def expected_tensors(model):
     return {name: tuple(t.shape) for name, t in model.state_dict().items() if name not in tied}
 
 
-def check_state_dict(model, state_dict, source):
-    """One clear error for missing keys, unexpected keys or shapes that disagree with the config."""
+def check_state_dict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
+    """One clear error for missing keys, unexpected keys, shapes that disagree with the config, integer or boolean
+    values where the model has floating-point weights, and NaN or infinite weights (every converter checks here)."""
     expected = expected_tensors(model)
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
@@ -43,6 +46,14 @@ def check_state_dict(model, state_dict, source):
     for name, shape in expected.items():
         if tuple(state_dict[name].shape) != shape:
             raise HfExtError(f"{source}: {name} has shape {tuple(state_dict[name].shape)}, the config expects {shape}")
+    model_tensors = model.state_dict()
+    for name in expected:
+        tensor = state_dict[name]
+        if model_tensors[name].is_floating_point() and not tensor.is_floating_point():
+            raise HfExtError(f"{source}: {name} holds {str(tensor.dtype).removeprefix('torch.')} values, not "
+                             "floating-point weights")
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise HfExtError(f"{source}: {name} holds NaN or infinite values")
 
 
 def _some(names, limit=4):
@@ -86,10 +97,19 @@ def file_record(path, name=None):
     return {"name": name or path.name, "bytes": path.stat().st_size, "sha256": sha256(path)}
 
 
-def read_json(path, what):
+MAX_JSON_BYTES = 64 << 20  # far above any config; a larger "config" is something else
+
+
+def read_json(path: str | Path, what: str):
+    """A JSON document; one `HfExtError` line for a missing, special (a FIFO would block, /dev/zero never ends),
+    oversized or malformed file."""
     path = Path(path)
     if not path.exists():
         raise HfExtError(f"{what} {path} does not exist")
+    if not path.is_file():
+        raise HfExtError(f"{what} {path} is not a regular file")
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise HfExtError(f"{what} {path} is {path.stat().st_size} bytes, too large for a JSON config")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:

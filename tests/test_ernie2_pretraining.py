@@ -602,6 +602,33 @@ def test_a_run_resumed_from_the_middle_equals_an_uninterrupted_one(uninterrupted
         continual_pretraining(model, PAPER_SCHEDULE, task_data, TrainingArguments(output_dir=str(tmp_path)))
 
 
+def test_a_save_interrupted_midway_resumes_from_the_previous_checkpoint(uninterrupted, tmp_path, tokenizer,
+                                                                         task_data, monkeypatch):
+    """Ctrl-C while checkpoint-10 of stage 2 is being written leaves its weights without trainer_state.json: the
+    next run removes it and resumes from checkpoint-5, ending where an uninterrupted run ends."""
+    from transformers import TrainerState
+
+    _, expected, _ = uninterrupted
+    save_state = TrainerState.save_to_json
+
+    def interrupted(state, path):
+        if f"stage-2{os.sep}checkpoint-10" in str(path):
+            raise KeyboardInterrupt
+        save_state(state, path)
+
+    monkeypatch.setattr(TrainerState, "save_to_json", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_schedule(tmp_path, tokenizer, task_data, save_steps=5)
+    stage = tmp_path / "stage-2"
+    assert sorted(p.name for p in stage.iterdir()) == ["checkpoint-10", "checkpoint-5"]
+    assert (stage / "checkpoint-10" / "model.safetensors").is_file()
+    assert not (stage / "checkpoint-10" / "trainer_state.json").exists()
+    monkeypatch.setattr(TrainerState, "save_to_json", save_state)
+    model, _ = run_schedule(tmp_path, tokenizer, task_data, save_steps=5)
+    state = model.state_dict()
+    assert all(torch.equal(t, state[k]) for k, t in expected.state_dict().items())
+
+
 # ----- GLUE fine-tuning --------------------------------------------------------------------------------------------
 
 def test_glue_files_of_every_task_are_read_in_their_layout(tokenizer):

@@ -369,6 +369,40 @@ def test_cli_train_saves_a_trained_model(model_dir, tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_cli_train_resumes_after_ctrl_c_during_a_checkpoint_save(model_dir, tmp_path, capsys, monkeypatch):
+    from transformers import TrainerState
+
+    def argv(out):
+        return ["optimus", "train", str(model_dir), "--train-file", str(SNLI / "train.txt"), "--output-dir", str(out),
+                "--max-steps", "6", "--batch-size", "4", "--logging-steps", "2", "--save-steps", "2",
+                "--max-length", str(MAX_LENGTH), "--learning-rate", "1e-3"]
+
+    assert main(argv(tmp_path / "straight")) == 0, capsys.readouterr().err
+    expected = json.loads(capsys.readouterr().out)
+    save_state = TrainerState.save_to_json
+
+    def interrupted(state, path):  # Ctrl-C after checkpoint-4's weights, before its trainer_state.json
+        if "checkpoint-4" in str(path):
+            raise KeyboardInterrupt
+        save_state(state, path)
+
+    monkeypatch.setattr(TrainerState, "save_to_json", interrupted)
+    out, checkpoints = tmp_path / "resumed", tmp_path / "resumed-checkpoints"
+    assert main(argv(out)) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "hf-ext: error: interrupted"
+    assert not out.exists() and sorted(p.name for p in checkpoints.iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    assert not (checkpoints / "checkpoint-4" / "trainer_state.json").exists()
+    monkeypatch.setattr(TrainerState, "save_to_json", save_state)
+    assert main(argv(out)) == 0, capsys.readouterr().err
+    resumed = json.loads(capsys.readouterr().out)
+    assert resumed["steps"] == 6 and not checkpoints.exists()
+    # the same weights as the uninterrupted run, and a train_loss over the whole run, not only the resumed steps
+    assert load_file(out / "model.safetensors").keys() == load_file(tmp_path / "straight" / "model.safetensors").keys()
+    assert all(torch.equal(t, load_file(tmp_path / "straight" / "model.safetensors")[k])
+               for k, t in load_file(out / "model.safetensors").items())
+    assert resumed["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-4)
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--max-steps", "0"], "--max-steps must be at least 1"),
     (["--ratio-increase", "0"], "--ratio-increase must be in (0, 1]"),

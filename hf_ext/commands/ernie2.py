@@ -187,18 +187,17 @@ def _schedule(args):
 def _export(args):
     from transformers import AutoConfig
 
-    from ..errors import HfExtError
+    from ..errors import HfExtError, loading
     from ..models.ernie2 import Ernie2ForPreTraining
     from ..output import atomic_output_dir, check_output_dir
 
     check_output_dir(args.out, args.overwrite)
-    try:
+    with loading("a model config", args.model):
         config = AutoConfig.from_pretrained(args.model)
-    except (OSError, ValueError) as error:
-        raise HfExtError(f"cannot load a model config from {args.model}: {str(error).splitlines()[0]}") from None
     _require(config.model_type == Ernie2ForPreTraining.config_class.model_type,
              f"{args.model} holds a {config.model_type} model, not an ERNIE 2.0 pre-training model")
-    model = Ernie2ForPreTraining.from_pretrained(args.model)
+    with loading("an ERNIE 2.0 pre-training model", args.model):
+        model = Ernie2ForPreTraining.from_pretrained(args.model)
     with atomic_output_dir(args.out, args.overwrite) as staging:
         model.save_ernie_pretrained(staging)
         try:

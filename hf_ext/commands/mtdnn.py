@@ -144,25 +144,25 @@ def _load_model(args, tasks):
     """The model to train: an MT-DNN model, or (--task-def) a BERT model with new heads for `tasks`."""
     from transformers import AutoConfig, AutoModel
 
-    from ..errors import HfExtError
+    from ..errors import HfExtError, loading
     from ..models.mtdnn import MTDNNConfig, MTDNNModel
 
     trust = args.trust_remote_code or None
-    try:
+    with loading("a model config", args.model):
         config = AutoConfig.from_pretrained(args.model, trust_remote_code=trust)
-        if args.task_def is None:
-            _require(config.model_type == MTDNNConfig.model_type, f"{args.model} holds a {config.model_type!r} model, "
-                     "not an MT-DNN model (pass --task-def to put new heads on a BERT encoder)")
+    if args.task_def is None:
+        _require(config.model_type == MTDNNConfig.model_type, f"{args.model} holds a {config.model_type!r} model, "
+                 "not an MT-DNN model (pass --task-def to put new heads on a BERT encoder)")
+        with loading("a model", args.model):
             return AutoModel.from_pretrained(args.model, trust_remote_code=trust)
-        _require(config.model_type == "bert", f"--task-def puts new heads on a BERT encoder, but {args.model} holds a "
-                 f"{config.model_type!r} model")
-        try:
-            mtdnn = MTDNNConfig.from_task_def_yaml(args.task_def, config, task_names=tasks)
-        except ValueError as error:
-            raise HfExtError(str(error)) from None
+    _require(config.model_type == "bert", f"--task-def puts new heads on a BERT encoder, but {args.model} holds a "
+             f"{config.model_type!r} model")
+    try:
+        mtdnn = MTDNNConfig.from_task_def_yaml(args.task_def, config, task_names=tasks)
+    except ValueError as error:
+        raise HfExtError(str(error)) from None
+    with loading("a model", args.model):
         return MTDNNModel.from_pretrained(args.model, config=mtdnn)
-    except OSError as error:
-        raise HfExtError(f"cannot load a model from {args.model}: {str(error).splitlines()[0]}") from None
 
 
 def _load_tokenizer(args):
@@ -181,14 +181,12 @@ def _load_tokenizer(args):
 def _load_teachers(args, tasks):
     from transformers import AutoModel
 
-    from ..errors import HfExtError
+    from ..errors import loading
 
     teachers = []
     for source in args.teacher:
-        try:
+        with loading("a teacher model", source):
             teacher = AutoModel.from_pretrained(source, trust_remote_code=args.trust_remote_code or None)
-        except OSError as error:
-            raise HfExtError(f"cannot load teacher {source}: {str(error).splitlines()[0]}") from None
         missing = [task for task in tasks if task not in getattr(teacher.config, "task_names", [])]
         _require(not missing, f"teacher {source} has no task {', '.join(missing)}")
         teachers.append(teacher)

@@ -6,6 +6,10 @@ import json
 
 import torch
 
+from ..arguments import nonnegative_float, number_in, positive_float, positive_int, probability
+
+CHECKPOINTS_SUFFIX = "-checkpoints"  # OUTPUT_DIR-checkpoints/: the run's Trainer checkpoints, until it ends
+
 
 def register(commands):
     group = commands.add_parser("optimus", help="Optimus latent-space tools and training",
@@ -18,9 +22,10 @@ def register(commands):
         parser.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default 32)")
         parser.add_argument("--num-beams", type=int, default=1, help="beam search width (default 1: greedy)")
         parser.add_argument("--sample", action="store_true", help="sample instead of greedy/beam decoding")
-        parser.add_argument("--top-k", type=int, default=0, help="top-k sampling (with --sample)")
-        parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (with --sample)")
-        parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (with --sample)")
+        parser.add_argument("--top-k", type=number_in(int, 0), default=0, help="top-k sampling (with --sample)")
+        parser.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling (with --sample)")
+        parser.add_argument("--temperature", type=positive_float, default=1.0,
+                            help="sampling temperature (with --sample)")
         parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
         parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
         parser.set_defaults(handler=lambda args: handler(args, _latent_space(args)))
@@ -58,11 +63,11 @@ def _latent_space(args):
     generation = {"max_new_tokens": args.max_new_tokens, "num_beams": args.num_beams, "do_sample": args.sample}
     if args.sample:
         generation.update(top_k=args.top_k, top_p=args.top_p, temperature=args.temperature)
+    model, processor = _load_optimus(args)
     try:
-        return OptimusLatentSpace.from_pretrained(args.model, trust_remote_code=args.trust_remote_code or None,
-                                                  **generation)
-    except OSError as error:
-        raise HfExtError(f"cannot load an Optimus model from {args.model}: {str(error).splitlines()[0]}") from None
+        return OptimusLatentSpace(model, processor, **generation)
+    except ValueError as error:  # generation settings the model cannot follow
+        raise HfExtError(str(error)) from None
 
 
 def _encode(args, space):
@@ -111,18 +116,23 @@ def _register_training_tools(tools):
     parser.add_argument("--output-dir", required=True, help="folder for the trained model (written atomically)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
     parser.add_argument("--max-steps", type=int, default=1000, help="optimizer steps (default 1000)")
-    parser.add_argument("--learning-rate", type=float, default=5e-5, help="peak learning rate (default 5e-5)")
-    parser.add_argument("--beta", type=float, help="maximum KL weight (default: the model's config.beta)")
+    parser.add_argument("--learning-rate", type=positive_float, default=5e-5, help="peak learning rate (default 5e-5)")
+    parser.add_argument("--beta", type=nonnegative_float, help="maximum KL weight (default: the model's config.beta)")
     parser.add_argument("--n-cycles", type=int, default=1, help="cycles of the KL schedule (default 1)")
     parser.add_argument("--ratio-zero", type=float,
                         help="share of each cycle with beta 0 (default: the original's training default, 0.25)")
     parser.add_argument("--ratio-increase", type=float,
                         help="share of each cycle ramping beta up (default: the original's training default, 0.25)")
-    parser.add_argument("--dim-target-kl", type=float, help="free-bits threshold per latent dimension (fb-mode 1)")
+    parser.add_argument("--dim-target-kl", type=nonnegative_float,
+                        help="free-bits threshold per latent dimension (fb-mode 1)")
     parser.add_argument("--fb-mode", type=int, help="KL mode: 0 plain, 1 per-dimension threshold, 2 deterministic")
     parser.add_argument("--length-weighted-loss", action=argparse.BooleanOptionalAction,
                         help="divide each reconstruction loss by the sentence length (default: the model's setting)")
     parser.add_argument("--logging-steps", type=int, default=50, help="steps per logged average (default 50)")
+    parser.add_argument("--save-steps", type=positive_int, default=500,
+                        help=f"checkpoint every N steps into OUTPUT_DIR{CHECKPOINTS_SUFFIX}/ (default 500); running "
+                        "the same command again resumes from the newest complete checkpoint there; the folder is "
+                        "removed when the run ends")
     parser.add_argument("--plot", action="store_true", help="also write training_curves.png (needs matplotlib)")
 
     parser = model_tool("evaluate", "the paper's language-modelling metrics on a text file, as JSON: perplexity "
@@ -150,14 +160,12 @@ def _check_common_arguments(args):
 def _load_optimus(args):
     from transformers import AutoModel, AutoProcessor
 
-    from ..errors import HfExtError
+    from ..errors import HfExtError, loading
 
     trust = args.trust_remote_code or None
-    try:
+    with loading("an Optimus model", args.model):
         model = AutoModel.from_pretrained(args.model, trust_remote_code=trust)
         processor = AutoProcessor.from_pretrained(args.model, trust_remote_code=trust)
-    except OSError as error:
-        raise HfExtError(f"cannot load an Optimus model from {args.model}: {str(error).splitlines()[0]}") from None
     if model.config.model_type != "optimus":
         raise HfExtError(f"{args.model} holds a {model.config.model_type!r} model, not an Optimus model")
     return model, processor
@@ -172,7 +180,8 @@ def _max_length(args, config):
 
 
 def _train(args):
-    from tempfile import TemporaryDirectory
+    import shutil
+    from pathlib import Path
 
     from ..output import atomic_output_dir, check_output_dir
     from ..training import finetune_optimus, load_text_dataset, plot_training_curves, require_matplotlib
@@ -180,15 +189,12 @@ def _train(args):
 
     _check_common_arguments(args)
     _require(args.max_steps >= 1, "--max-steps must be at least 1")
-    _require(args.learning_rate > 0, "--learning-rate must be positive")
     _require(args.logging_steps >= 1, "--logging-steps must be at least 1")
-    _require(args.beta is None or args.beta >= 0, "--beta must be >= 0")
     _require(args.n_cycles >= 1, "--n-cycles must be at least 1")
     ratio_zero = DEFAULT_RATIO_ZERO if args.ratio_zero is None else args.ratio_zero
     ratio_increase = DEFAULT_RATIO_INCREASE if args.ratio_increase is None else args.ratio_increase
     _require(0 <= ratio_zero < 1, "--ratio-zero must be in [0, 1)")
     _require(0 < ratio_increase <= 1, "--ratio-increase must be in (0, 1]")
-    _require(args.dim_target_kl is None or args.dim_target_kl >= 0, "--dim-target-kl must be >= 0")
     _require(args.fb_mode in (None, 0, 1, 2), "--fb-mode must be 0, 1 or 2")
     check_output_dir(args.output_dir, args.overwrite)
     if args.plot:
@@ -201,12 +207,13 @@ def _train(args):
             setattr(config, name, getattr(args, name))
     model.beta = config.beta
 
-    with atomic_output_dir(args.output_dir, args.overwrite) as staging, TemporaryDirectory() as scratch:
+    checkpoints = Path(f"{args.output_dir}{CHECKPOINTS_SUFFIX}")
+    with atomic_output_dir(args.output_dir, args.overwrite) as staging:
         trainer = finetune_optimus(
-            model, processor, dataset, scratch, max_steps=args.max_steps, batch_size=args.batch_size,
+            model, processor, dataset, checkpoints, max_steps=args.max_steps, batch_size=args.batch_size,
             learning_rate=args.learning_rate, n_cycles=args.n_cycles, ratio_zero=ratio_zero,
             ratio_increase=ratio_increase, logging_steps=args.logging_steps, seed=args.seed,
-            max_length=_max_length(args, config), log_to_stderr=True, disable_tqdm=True,
+            max_length=_max_length(args, config), log_to_stderr=True, disable_tqdm=True, save_steps=args.save_steps,
         )
         model.save_pretrained(staging)
         processor.save_pretrained(staging)
@@ -214,6 +221,7 @@ def _train(args):
         if args.plot:
             plot_training_curves(trainer.state.log_history, staging / "training_curves.png",
                                  title=f"Optimus fine-tuning on {args.train_file}")
+    shutil.rmtree(checkpoints, ignore_errors=True)
     print(json.dumps({"output_dir": str(args.output_dir), "steps": trainer.state.global_step,
                       "train_loss": trainer.state.log_history[-1].get("train_loss")}))
 

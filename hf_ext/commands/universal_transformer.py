@@ -120,7 +120,7 @@ def _halting_map(args):
     from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
     from transformers import AutoTokenizer
 
-    from ..errors import HfExtError
+    from ..errors import HfExtError, loading
     from ..training.plots import require_matplotlib
     from ..training.universal_transformer import halting_map, plot_halting_map
 
@@ -142,7 +142,8 @@ def _halting_map(args):
         tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=trust)
     except (OSError, ValueError) as error:
         raise HfExtError(f"{args.model} has no usable tokenizer: {str(error).splitlines()[0]}") from None
-    model = auto_class.from_pretrained(args.model, trust_remote_code=trust)
+    with loading("a Universal Transformer", args.model):
+        model = auto_class.from_pretrained(args.model, trust_remote_code=trust)
     rows = halting_map(model, tokenizer, args.text, max_new_tokens=args.max_new_tokens)
     plot_halting_map(rows, out, title=f"Halting map of {args.text!r}")
     print(json.dumps({"out": str(out), "rows": [{"side": row.side, "tokens": row.tokens,

@@ -21,12 +21,23 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import BertTokenizer, ErnieConfig, ErnieForPreTraining
 
+from ..arguments import positive_float
 from ..checkpoints import load_numpy_pickle
-from ..errors import HfExtError
-from ..export import empty_model, expected_tensors, file_record, log, read_json, sha256, write_model_folder
-from . import add_output_arguments, print_parity
+from ..errors import HfExtError, one_line
+from ..models.ernie2.configuration_ernie2 import validate_ernie_encoder
+from ..export import (
+    empty_model,
+    expected_tensors,
+    file_record,
+    log,
+    read_json,
+    sha256,
+    write_model_folder,
+)
+from . import add_output_arguments, compare_with_reference, load_reference, print_parity
 
 STATIC_CONFIG = "ernie_config.json"
 PADDLENLP_WEIGHTS = "model_state.pdparams"
@@ -170,9 +181,13 @@ def read_lod_tensor_header(handle, what):
     (lod_level,) = struct.unpack("<Q", _read_exact(handle, 8, what))
     if lod_level > 16:
         raise HfExtError(f"{what} is not a Paddle LoDTensor file ({lod_level} LoD levels)")
+    size = os.fstat(handle.fileno()).st_size
     for _ in range(lod_level):
         (nbytes,) = struct.unpack("<Q", _read_exact(handle, 8, what))
-        _read_exact(handle, nbytes, what)  # sequence offsets: weights carry none worth keeping
+        if nbytes > size - handle.tell():  # checked before reading: a corrupt header may announce exabytes
+            raise HfExtError(f"{what} is truncated or corrupt (a LoD block of {nbytes} bytes, {size - handle.tell()} "
+                             "left in the file)")
+        handle.seek(nbytes, os.SEEK_CUR)  # sequence offsets: weights carry none worth keeping
     (tensor_version,) = struct.unpack("<I", _read_exact(handle, 4, what))
     if tensor_version != 0:
         raise HfExtError(f"{what} is not a Paddle LoDTensor file (tensor version {tensor_version}, expected 0)")
@@ -245,7 +260,7 @@ def find_source(src, vocab=None):
         folder, weights = src, None
     if weights is None and (folder / "params").is_dir():
         config = folder / STATIC_CONFIG
-        if not config.is_file():
+        if not config.exists():  # a FIFO or device is refused when read, not taken for no config
             raise HfExtError(f"source {folder} has params/ but no {STATIC_CONFIG}")
         return ErnieSource(folder, "static", config, _vocab_path(folder, vocab), folder / "params")
     if weights is None:
@@ -258,7 +273,7 @@ def find_source(src, vocab=None):
             raise HfExtError(f"source {folder} is neither a Paddle static release (params/ + {STATIC_CONFIG}) nor a "
                              f"PaddleNLP folder ({PADDLENLP_WEIGHTS} + config.json)")
         weights = candidates[0]
-    configs = [folder / name for name in PADDLENLP_CONFIGS if (folder / name).is_file()]
+    configs = [folder / name for name in PADDLENLP_CONFIGS if (folder / name).exists()]
     if not configs:
         raise HfExtError(f"source {folder} has {weights.name} but no {' or '.join(PADDLENLP_CONFIGS)}")
     return ErnieSource(folder, "paddlenlp", configs[0], _vocab_path(folder, vocab), weights)
@@ -286,9 +301,12 @@ def read_source_config(source):
             or any(not str(name).lower().startswith("ernie") for name in architectures)):
         kind = model_type or ", ".join(map(str, architectures))
         raise HfExtError(f"config {source.config_path} describes a {kind} model, not ERNIE")
-    missing = [key for key in REQUIRED_CONFIG_KEYS if not isinstance(config.get(key), int)]
+    missing = [key for key in REQUIRED_CONFIG_KEYS if key not in config]
     if missing:
         raise HfExtError(f"config {source.config_path} is not an ERNIE config: it lacks {', '.join(missing)}")
+    for key in REQUIRED_CONFIG_KEYS:
+        if isinstance(config[key], bool) or not isinstance(config[key], int):
+            raise HfExtError(f"config {source.config_path}: {key} must be an integer, got {config[key]!r}")
     return config
 
 
@@ -305,9 +323,6 @@ def _init_args(config):
 def build_config(source_config, config_path, pad_token_id, layer_norm_eps=ORIGINAL_LAYER_NORM_EPS):
     """`ErnieConfig` from the original's config fields (see `docs/ernie2.md` for each rule)."""
     c = source_config
-    hidden, heads = c["hidden_size"], c["num_attention_heads"]
-    if hidden % heads:
-        raise HfExtError(f"config {config_path}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
     act = c.get("hidden_act", "gelu")
     if act not in ACTIVATIONS:
         raise HfExtError(f"config {config_path}: hidden_act {act!r} is not one of {', '.join(ACTIVATIONS)}")
@@ -316,23 +331,28 @@ def build_config(source_config, config_path, pad_token_id, layer_norm_eps=ORIGIN
         raise HfExtError(f"config {config_path}: pool_act {pool_act!r} (transformers' pooler is tanh)")
     # model/ernie.py: a truthy sent_type_vocab_size wins over type_vocab_size
     type_vocab = c.get("sent_type_vocab_size") or c.get("type_vocab_size") or 2
-    return ErnieConfig(
-        vocab_size=c["vocab_size"],
-        hidden_size=hidden,
-        num_hidden_layers=c["num_hidden_layers"],
-        num_attention_heads=heads,
-        intermediate_size=c.get("intermediate_size") or 4 * hidden,  # the 2019 graph hardcodes 4 * hidden
-        hidden_act=ACTIVATIONS[act],
-        hidden_dropout_prob=c.get("hidden_dropout_prob", 0.1),
-        attention_probs_dropout_prob=c.get("attention_probs_dropout_prob", 0.1),
-        max_position_embeddings=c["max_position_embeddings"],
-        type_vocab_size=type_vocab,
-        use_task_id=bool(c.get("use_task_id", False)),
-        task_type_vocab_size=c.get("task_type_vocab_size") or 3,
-        initializer_range=c.get("initializer_range", 0.02),
-        layer_norm_eps=layer_norm_eps,
-        pad_token_id=pad_token_id,
-    )
+    try:
+        config = ErnieConfig(
+            vocab_size=c["vocab_size"],
+            hidden_size=c["hidden_size"],
+            num_hidden_layers=c["num_hidden_layers"],
+            num_attention_heads=c["num_attention_heads"],
+            intermediate_size=c.get("intermediate_size") or 4 * c["hidden_size"],  # the 2019 graph: 4 * hidden
+            hidden_act=ACTIVATIONS[act],
+            hidden_dropout_prob=c.get("hidden_dropout_prob", 0.1),
+            attention_probs_dropout_prob=c.get("attention_probs_dropout_prob", 0.1),
+            max_position_embeddings=c["max_position_embeddings"],
+            type_vocab_size=type_vocab,
+            use_task_id=bool(c.get("use_task_id", False)),
+            task_type_vocab_size=c.get("task_type_vocab_size") or 3,
+            initializer_range=c.get("initializer_range", 0.02),
+            layer_norm_eps=layer_norm_eps,
+            pad_token_id=pad_token_id,
+        )
+        validate_ernie_encoder(config)
+    except (ValueError, StrictDataclassError) as error:
+        raise HfExtError(f"config {config_path}: {one_line(error)}") from None
+    return config
 
 
 # ------------------------------------------------------------------------------------------------------ weights
@@ -546,8 +566,8 @@ def reference_errors(model, reference):
     """Max abs errors against the original's outputs (the fixtures' `reference.safetensors` layout): key-mask tensors
     at every position, original-mask tensors at real tokens."""
     model.eval()
-    inputs = {k: reference[k] for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids",
-                                         "task_type_ids") if k in reference}
+    inputs = {"input_ids": reference["input_ids"], "attention_mask": reference["attention_mask"],
+              **{k: reference[k] for k in ("token_type_ids", "position_ids", "task_type_ids") if k in reference}}
     if not model.config.use_task_id:
         inputs.pop("task_type_ids", None)
     with torch.no_grad():
@@ -577,6 +597,7 @@ def convert_ernie2_checkpoint(src, out, *, vocab=None, do_lower_case=None, layer
     from ..output import atomic_output_dir, check_output_dir
 
     check_output_dir(out, overwrite)
+    reference_tensors = load_reference(reference) if reference is not None else None
     source = find_source(src, vocab)
     log(f"reading the {source.describe()} checkpoint in {source.folder}")
     tokens = read_vocab(source.vocab_path)
@@ -595,12 +616,9 @@ def convert_ernie2_checkpoint(src, out, *, vocab=None, do_lower_case=None, layer
                            source=str(source.weights_path))
         parity = {}
         if reference is not None:
-            from safetensors.torch import load_file
-
             log(f"comparing with the original's outputs in {reference}")
-            if not str(reference).endswith(".safetensors") or not Path(reference).is_file():
-                raise HfExtError(f"reference {reference} is not a .safetensors file")
-            parity = reference_errors(ErnieForPreTraining.from_pretrained(staging), load_file(str(reference)))
+            parity = compare_with_reference(ErnieForPreTraining.from_pretrained(staging), reference_tensors, reference,
+                                            reference_errors)
         repo_id = push_to_hub or Path(out).name
         write_model_card(
             staging, "ernie2",
@@ -624,7 +642,7 @@ def add_arguments(parser):
     parser.add_argument("--vocab", type=Path, help="vocab.txt to use (default: the one in SRC)")
     parser.add_argument("--do-lower-case", action=argparse.BooleanOptionalAction, default=None,
                         help="lower-case input text (default: the PaddleNLP tokenizer_config.json, else yes)")
-    parser.add_argument("--layer-norm-eps", type=float, default=ORIGINAL_LAYER_NORM_EPS,
+    parser.add_argument("--layer-norm-eps", type=positive_float, default=ORIGINAL_LAYER_NORM_EPS,
                         help="LayerNorm epsilon (default 1e-5, the original graph's)")
     parser.add_argument("--checksums", action="store_true", help="also record the sha256 of every weight file in "
                         "the model card (reads the weights a second time)")

@@ -17,13 +17,14 @@ import re
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoTokenizer, BertConfig
 
 from ..checkpoints import safe_torch_load
-from ..errors import HfExtError
+from ..errors import HfExtError, one_line
 from ..export import file_record, log, write_model_folder
 from ..models.mtdnn import AUTO_MAP, MTDNNConfig, MTDNNModel
-from . import add_output_arguments, print_parity
+from . import add_output_arguments, compare_with_reference, load_reference, print_parity
 
 BERT_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                     "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
@@ -254,7 +255,12 @@ def encoder_config(opt, path):
     missing = [key for key in REQUIRED_BERT_KEYS if key not in opt]
     if missing:
         raise HfExtError(f"checkpoint {path}: the config lacks the BERT settings {', '.join(missing)}")
-    return BertConfig(**{key: opt[key] for key in BERT_CONFIG_KEYS if key in opt})
+    try:
+        encoder = BertConfig(**{key: opt[key] for key in BERT_CONFIG_KEYS if key in opt})
+        MTDNNConfig(encoder=encoder)  # the config's own checks of the encoder, before any task is read
+    except (ValueError, StrictDataclassError) as error:
+        raise HfExtError(f"checkpoint {path}: invalid BERT settings: {one_line(error)}") from None
+    return encoder
 
 
 def san_settings(opt):
@@ -393,20 +399,17 @@ def convert_mtdnn_checkpoint(checkpoint, out, *, task_def=None, group_sizes=None
                              reference=None, overwrite=False, push_to_hub=None, private=False, token=None):
     """Convert an original MT-DNN checkpoint into a model folder at `out` (written atomically), with a model card
     that records the source, the tasks and the parity measured; optionally push it. Returns the parity errors."""
-    from safetensors.torch import load_file
-
     from .. import __version__
     from ..hub import card_data, push_folder, write_model_card
     from ..output import atomic_output_dir, check_output_dir
 
     check_output_dir(out, overwrite)
+    reference_tensors = load_reference(reference) if reference is not None else None
     checkpoint = Path(checkpoint)
     state, opt = read_checkpoint(checkpoint)
     config = build_config(state, opt, checkpoint, task_def, group_sizes, default_task)
     weights, dropped = convert_state_dict(state, config)
     processor = load_tokenizer(tokenizer, config.encoder.vocab_size) if tokenizer is not None else None
-    if reference is not None and not str(reference).endswith(".safetensors"):
-        raise HfExtError(f"reference {reference} is not a .safetensors file")
     notes = [f"not converted (rebuilt or never read by the original): {', '.join(dropped)}"] if dropped else []
     ranking = [f"{t['name']}: {t['group_size']}" for t in config.tasks if t["type"] == "ranking"]
     if ranking and not group_sizes:
@@ -423,11 +426,7 @@ def convert_mtdnn_checkpoint(checkpoint, out, *, task_def=None, group_sizes=None
         parity = {"weights (round trip)": max((loaded[k] - v).abs().max().item() for k, v in weights.items())}
         if reference is not None:
             log(f"comparing with the original's outputs in {reference}")
-            try:
-                parity.update(reference_errors(model, load_file(str(reference))))
-            except (OSError, ValueError, RuntimeError) as error:
-                raise HfExtError(f"reference {reference} could not be compared: {str(error).splitlines()[0]}") \
-                    from None
+            parity.update(compare_with_reference(model, reference_tensors, reference, reference_errors))
         write_model_card(
             staging, "mtdnn",
             card_data(license="mit", tags=["mt-dnn", "multi-task", "bert", "text-classification"],

@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import safe_open
 from transformers import BertConfig, BertTokenizer, GPT2Config, GPT2Tokenizer
 
 from ..checkpoints import load_state_dict, safe_torch_load
-from ..errors import HfExtError
+from ..errors import HfExtError, one_line
 from ..export import file_record, log, read_json, write_model_folder
 from ..models.optimus import AUTO_MAP, OptimusConfig, OptimusModel, OptimusProcessor
-from . import add_output_arguments, print_parity
+from . import add_output_arguments, compare_with_reference, load_reference, print_parity
 
 ARGS_FILE = "training_encoder_args.bin"  # the original writes the args under this name in both folders
 WEIGHTS_FILE = "pytorch_model.bin"
@@ -161,7 +162,8 @@ def read_original(source):
                 args = _load_args(folder / ARGS_FILE)
 
     _check_is_optimus(encoder_state, decoder_state, source)
-    if source.encoder_dir is not None and (source.encoder_dir / "config.json").is_file():
+    # exists(), not is_file(): a FIFO or device named config.json is refused by read_json, not taken for no config
+    if source.encoder_dir is not None and (source.encoder_dir / "config.json").exists():
         encoder_config = read_json(source.encoder_dir / "config.json", "encoder config")
         decoder_config = read_json(source.decoder_dir / "config.json", "decoder config")
     else:
@@ -237,13 +239,13 @@ def build_config(original, latent_as_gpt_memory=None, latent_as_gpt_emb=None, sp
         raise HfExtError(f"latent sizes disagree: the training args say {args.latent_size}, the weights say "
                          f"{latent_size}")
 
-    encoder = BertConfig(**{k: original.encoder_config[k] for k in BERT_CONFIG_KEYS if k in original.encoder_config})
     decoder_kwargs = {k: original.decoder_config[k] for k in GPT2_CONFIG_KEYS if k in original.decoder_config}
     vocab_size = decoder_kwargs.get("vocab_size", dec_state["transformer.wte.weight"].shape[0])
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise HfExtError(f"{_config_files(original.source)}: decoder vocab_size must be an integer, got {vocab_size!r}")
     # the original adds <PAD>, <BOS>, <EOS> last, in that order
     ids = special_ids or {"pad_token_id": vocab_size - 3, "bos_token_id": vocab_size - 2,
                           "eos_token_id": vocab_size - 1}
-    decoder = GPT2Config(**decoder_kwargs, **ids)
 
     def arg(name, default):
         value = getattr(args, name, default) if args is not None else default
@@ -254,18 +256,29 @@ def build_config(original, latent_as_gpt_memory=None, latent_as_gpt_emb=None, sp
     head, embedding = dec_state.get("lm_head.weight"), dec_state["transformer.wte.weight"]
     # torch.save keeps tied tensors as one storage; the comparison is for files that stored two copies
     tied = head is None or head.data_ptr() == embedding.data_ptr() or torch.equal(head, embedding)
-    return OptimusConfig(
-        encoder=encoder,
-        decoder=decoder,
-        latent_size=latent_size,
-        latent_as_gpt_memory=memory,
-        latent_as_gpt_emb=emb,
-        beta=float(arg("beta", 1.0)),
-        fb_mode=2 if arg("use_deterministic_connect", False) else 1,
-        dim_target_kl=float(arg("dim_target_kl", 3.0)),
-        length_weighted_loss=bool(arg("length_weighted_loss", False)),
-        tie_word_embeddings=tied,
-    )
+    try:
+        return OptimusConfig(
+            encoder=BertConfig(**{k: original.encoder_config[k] for k in BERT_CONFIG_KEYS
+                                  if k in original.encoder_config}),
+            decoder=GPT2Config(**decoder_kwargs, **ids),
+            latent_size=latent_size,
+            latent_as_gpt_memory=memory,
+            latent_as_gpt_emb=emb,
+            beta=float(arg("beta", 1.0)),
+            fb_mode=2 if arg("use_deterministic_connect", False) else 1,
+            dim_target_kl=float(arg("dim_target_kl", 3.0)),
+            length_weighted_loss=bool(arg("length_weighted_loss", False)),
+            tie_word_embeddings=tied,
+        )
+    except (ValueError, StrictDataclassError) as error:
+        raise HfExtError(f"{_config_files(original.source)}: {one_line(error)}") from None
+
+
+def _config_files(source):
+    """Where the configs of a conversion come from, for error messages."""
+    if source.encoder_dir is not None and (source.encoder_dir / "config.json").is_file():
+        return f"config {source.encoder_dir / 'config.json'} or {source.decoder_dir / 'config.json'}"
+    return f"the configs inferred from the weights of {source.full_checkpoint}"
 
 
 def convert_state_dict(encoder_state, decoder_state):
@@ -416,15 +429,12 @@ def convert_optimus_checkpoint(src=None, out=None, *, encoder_dir=None, decoder_
                                private=False, token=None):
     """Convert an original Optimus checkpoint into a model folder at `out` (written atomically), with a model card
     that records the source files and the parity measured; optionally push it. Returns the parity errors."""
-    from safetensors.torch import load_file
-
     from .. import __version__
     from ..hub import card_data, push_folder, write_model_card
     from ..output import atomic_output_dir, check_output_dir
 
     check_output_dir(out, overwrite)
-    if reference is not None and not str(reference).endswith(".safetensors"):
-        raise HfExtError(f"reference {reference} is not a .safetensors file")
+    reference_tensors = load_reference(reference) if reference is not None else None
     source = find_source(src, encoder_dir, decoder_dir, step)
     # hashing ~1 GB of sources takes as long as reading them; it runs beside the conversion (hashlib frees the GIL)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256") as hashing:
@@ -447,7 +457,7 @@ def convert_optimus_checkpoint(src=None, out=None, *, encoder_dir=None, decoder_
             parity = {"weights (round trip)": round_trip_error(staging / "model.safetensors", written)}
             if reference is not None:
                 log(f"comparing with the original's outputs in {reference}")
-                parity.update(reference_errors(model.eval(), load_file(str(reference))))
+                parity.update(compare_with_reference(model.eval(), reference_tensors, reference, reference_errors))
             repo_id = push_to_hub or Path(out).name
             write_model_card(
                 staging, "optimus",

@@ -27,7 +27,7 @@ from ..models.universal_transformer import (
     UniversalTransformerConfig,
     UniversalTransformerForSequenceClassification,
 )
-from . import add_output_arguments, print_parity
+from . import add_output_arguments, compare_with_reference, load_reference, print_parity
 
 WEIGHTS_FILE = "state_dict.pt"
 CONFIG_FILE = "config.json"
@@ -170,13 +170,12 @@ def convert_universal_transformer_checkpoint(src, out, *, final_layer_norm=False
     """Convert SRC (state_dict.pt + config.json of a BabiUTransformer) into a model folder at `out`, written
     atomically, with a model card recording the source files and the parity measured; optionally push it.
     Returns the parity errors."""
-    from safetensors.torch import load_file
-
     from .. import __version__
     from ..hub import card_data, push_folder, write_model_card
     from ..output import atomic_output_dir, check_output_dir
 
     check_output_dir(out, overwrite)
+    reference_tensors = load_reference(reference) if reference is not None else None
     src = Path(src)
     if not src.is_dir():
         raise HfExtError(f"source {src} {'is not a folder' if src.exists() else 'does not exist'} (expected a folder "
@@ -186,11 +185,6 @@ def convert_universal_transformer_checkpoint(src, out, *, final_layer_norm=False
     log(f"reading {src / WEIGHTS_FILE}")
     original = load_state_dict(src / WEIGHTS_FILE, "state dict")
     state = convert_state_dict(original, config, src / WEIGHTS_FILE, has_halting_unit=bool(arguments["act"]))
-    reference_tensors = None
-    if reference is not None:
-        if not str(reference).endswith(".safetensors") or not Path(reference).is_file():
-            raise HfExtError(f"reference {reference} is not a .safetensors file")
-        reference_tensors = load_file(str(reference))
     notes = [f"`{BABI_MASK_KEY}` (shape {list(original[BABI_MASK_KEY].shape)}), bAbI's positional mask for "
              "bag-of-words sentence embeddings, belongs to the input preparation and is not part of the model: pass "
              "the sentence embeddings as `inputs_embeds`"] if BABI_MASK_KEY in original else []
@@ -215,7 +209,7 @@ def convert_universal_transformer_checkpoint(src, out, *, final_layer_norm=False
         parity = {"weights (round trip)": max((loaded[k] - v).abs().max().item() for k, v in state.items())}
         if reference_tensors is not None:
             log(f"comparing with the original's outputs in {reference}")
-            parity.update(reference_errors(model, reference_tensors))
+            parity.update(compare_with_reference(model, reference_tensors, reference, reference_errors))
         repo_id = push_to_hub or Path(out).name
         write_model_card(
             staging, "universal_transformer",

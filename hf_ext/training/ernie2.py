@@ -24,16 +24,16 @@ import torch
 from accelerate.data_loader import prepare_data_loader
 from torch.utils.data import DataLoader, Sampler
 from transformers import DataCollatorWithPadding, Trainer
-from transformers.trainer_utils import get_last_checkpoint
 
 from ..errors import HfExtError
 from ..export import log
 from ..metrics import load_metric
 from ..models.ernie2 import PRETRAINING_TASKS, Ernie2ForPreTraining
+from ..models.ernie2.configuration_ernie2 import validate_ernie_encoder
 from ..output import atomic_output_dir
 from .ernie2_data import Ernie2PreTrainingCollator
 from .mtdnn import GLUE_ALIASES, GLUE_LAYOUTS, glue_layout, load_glue_tsv
-from .trainer import TermLoggingTrainer, send_logs_to_stderr
+from .trainer import TermLoggingTrainer, last_complete_checkpoint, send_logs_to_stderr
 
 SCHEDULE_FILE = "schedule.json"
 STAGE_MODEL = "model"
@@ -278,7 +278,7 @@ def continual_pretraining(model, schedule, datasets, args, processing_class=None
         if finished is not None:  # the stage starts from the weights the previous one ended with
             model = type(model).from_pretrained(finished)
             finished = None
-        checkpoint = get_last_checkpoint(str(stage_dir)) if stage_dir.is_dir() else None
+        checkpoint = last_complete_checkpoint(stage_dir)
         steps = ", ".join(f"{task} {count}" for task, count in stage.steps.items())
         log(f"stage {index + 1}/{len(schedule.stages)}{f' ({stage.name})' if stage.name else ''}: {steps} steps"
             + (f", resuming from {checkpoint}" if checkpoint else ""))
@@ -402,6 +402,8 @@ def finetune_glue(model_name_or_path, task, train_file, args, eval_file=None, ta
     layout = GLUE_LAYOUTS[key]
     try:
         config = AutoConfig.from_pretrained(model_name_or_path)
+        if config.model_type == "ernie":
+            validate_ernie_encoder(config)  # transformers' ErnieConfig checks the types of its sizes only
         tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
     except (OSError, ValueError) as error:
         raise HfExtError(f"cannot load {model_name_or_path}: {str(error).splitlines()[0]}") from None

@@ -12,9 +12,12 @@ import torch
 from accelerate.utils import extract_model_from_parallel
 from transformers import TrainerCallback
 from transformers.trainer_utils import unwrap_peft_model
+from transformers.utils import logging
 
 from ..errors import HfExtError
-from .trainer import TermLoggingTrainer, quiet_peft, send_logs_to_stderr
+from .trainer import TermLoggingTrainer, last_complete_checkpoint, quiet_peft, send_logs_to_stderr
+
+logger = logging.get_logger(__name__)
 
 # Original training defaults (`run_lm_vae_training.py` argparse)
 DEFAULT_RATIO_INCREASE = 0.25
@@ -172,17 +175,22 @@ class OptimusTrainer(TermLoggingTrainer):
 def finetune_optimus(model, processor, dataset, output_dir, max_steps, batch_size=8, learning_rate=5e-5,
                      n_cycles=1, ratio_zero=DEFAULT_RATIO_ZERO, ratio_increase=DEFAULT_RATIO_INCREASE,
                      logging_steps=50, seed=42, max_length=None, text_column="text", callbacks=(), log_to_stderr=False,
-                     **training_kwargs):
+                     save_steps=None, save_total_limit=2, **training_kwargs):
     """Fine-tune `model` on the `text_column` of `dataset` with the original objective (cyclical KL schedule up to
     `config.beta`, free bits, length weighting as configured). `output_dir` is the Trainer's working folder; the
     trained model stays in memory. `log_to_stderr` writes the logs as JSON lines on stderr instead of stdout.
-    Returns the `OptimusTrainer` after training."""
+
+    With `save_steps`, a checkpoint goes into `output_dir` every `save_steps` steps (the newest `save_total_limit`
+    are kept) and a run on the same `output_dir` resumes from the newest complete one: the beta schedule and the
+    data order continue where they stopped. Returns the `OptimusTrainer` after training."""
     from transformers import TrainingArguments
 
+    saving = {"save_strategy": "steps", "save_steps": save_steps, "save_total_limit": save_total_limit} \
+        if save_steps else {"save_strategy": "no"}
     training_args = TrainingArguments(
         output_dir=str(output_dir), max_steps=max_steps, per_device_train_batch_size=batch_size,
-        learning_rate=learning_rate, logging_steps=logging_steps, seed=seed, save_strategy="no", report_to=[],
-        dataloader_pin_memory=torch.cuda.is_available(), **training_kwargs,
+        learning_rate=learning_rate, logging_steps=logging_steps, seed=seed, report_to=[],
+        dataloader_pin_memory=torch.cuda.is_available(), **saving, **training_kwargs,
     )
     schedule = BetaScheduleCallback(n_cycles=n_cycles, ratio_zero=ratio_zero, ratio_increase=ratio_increase)
     trainer = OptimusTrainer(model=model, args=training_args, train_dataset=dataset,
@@ -190,7 +198,10 @@ def finetune_optimus(model, processor, dataset, output_dir, max_steps, batch_siz
                              callbacks=[schedule, *callbacks])
     if log_to_stderr:
         send_logs_to_stderr(trainer)
-    trainer.train()
+    checkpoint = last_complete_checkpoint(output_dir) if save_steps else None
+    if checkpoint is not None:
+        logger.warning(f"resuming from {checkpoint}")
+    trainer.train(resume_from_checkpoint=checkpoint)
     return trainer
 
 

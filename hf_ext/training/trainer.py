@@ -1,15 +1,22 @@
 """What every model's training here shares: logging named loss terms beside the loss, JSON log lines on stderr for
-command-line runs, and PEFT calls without its expected warnings."""
+command-line runs, resuming from the newest complete checkpoint, and PEFT calls without its expected warnings."""
 
 import contextlib
 import json
 import re
+import shutil
 import warnings
+from pathlib import Path
 
 import torch
 from transformers import PrinterCallback, Trainer, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import logging
 
 from ..export import log
+
+logger = logging.get_logger(__name__)
+TRAINER_STATE = "trainer_state.json"
 
 
 class StderrLogCallback(TrainerCallback):
@@ -25,6 +32,37 @@ def send_logs_to_stderr(trainer):
     """Send `trainer`'s logs to stderr as JSON lines instead of printing them on stdout."""
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(StderrLogCallback())
+
+
+def last_complete_checkpoint(folder: str | Path) -> str | None:
+    """The newest `checkpoint-<step>` folder in `folder` that `Trainer` finished writing, for
+    `train(resume_from_checkpoint=...)`; None when there is none.
+
+    `Trainer` writes a checkpoint in place and its `trainer_state.json` last, so a checkpoint without a readable one was
+    interrupted while being saved (Ctrl-C, SIGTERM, a full disk). Such folders are removed here: resuming from one
+    fails, and `save_total_limit` rotation would count it as the newest and delete the complete ones."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    pattern = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
+    checkpoints = sorted((path for path in folder.iterdir() if path.is_dir() and pattern.fullmatch(path.name)),
+                         key=lambda path: int(pattern.fullmatch(path.name).group(1)))
+    complete = None
+    for checkpoint in checkpoints:
+        if _readable_json(checkpoint / TRAINER_STATE):
+            complete = checkpoint
+        else:
+            logger.warning(f"removing {checkpoint}: its save was interrupted (no complete {TRAINER_STATE})")
+            shutil.rmtree(checkpoint, ignore_errors=True)
+    return str(complete) if complete is not None else None
+
+
+def _readable_json(path):
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 class TermMeans:
@@ -68,6 +106,8 @@ class TermLoggingTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.train_terms = TermMeans(logged_terms, self.args.device)
         self.eval_terms = TermMeans(logged_terms, self.args.device)
+        self.resumed_from_step = 0
+        self.add_callback(_ResumeStepCallback(self))
 
     def record_term(self, model, name, value):
         """Add one batch's `name`: a scalar, or (at evaluation) one value per example."""
@@ -86,7 +126,22 @@ class TermLoggingTrainer(Trainer):
         # `log` runs on every process, so the reductions pair up across ranks
         if "loss" in logs:
             logs.update(self.train_terms.means(self.accelerator))
+        if "train_loss" in logs and self.resumed_from_step:
+            logs["train_loss"] = self._whole_run_train_loss()
         super().log(logs, start_time)
+
+    def _whole_run_train_loss(self):
+        """The mean training loss of a resumed run over all its steps, not only those since the resume (what
+        `Trainer` reports): the logged windows before the resume point, each weighted by its steps, plus the losses
+        of this run. Steps after the last window logged before the checkpoint have no recorded loss and are left
+        out of the mean."""
+        before, total, previous = 0, 0.0, 0
+        for entry in self.state.log_history:
+            if "loss" in entry and entry["step"] <= self.resumed_from_step:
+                total += entry["loss"] * (entry["step"] - previous)
+                before = previous = entry["step"]
+        steps_now = self.state.global_step - self.resumed_from_step
+        return (total + self._total_loss_scalar) / max(before + steps_now, 1)
 
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
                         metric_key_prefix="eval"):
@@ -96,6 +151,16 @@ class TermLoggingTrainer(Trainer):
         output.metrics.update({f"{metric_key_prefix}_{name}": value
                                for name, value in self.eval_terms.means(self.accelerator).items()})
         return output
+
+
+class _ResumeStepCallback(TrainerCallback):
+    """Records the step a `train()` call starts from (after `Trainer` loaded a resumed checkpoint's state)."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer.resumed_from_step = state.global_step
 
 
 @contextlib.contextmanager

@@ -298,6 +298,11 @@ class HaltingRow:
     ponder_time: list
 
 
+# a map is one column per position: past a few hundred it is unreadable, and ACT over thousands of positions (and a
+# greedy output as long) takes minutes
+MAX_HALTING_MAP_TOKENS = 512
+
+
 @torch.no_grad()
 def halting_map(model, tokenizer, text, max_new_tokens=None):
     """The per-position ponder time N + R of `text` under a Universal Transformer with ACT: the encoder's over the
@@ -314,6 +319,9 @@ def halting_map(model, tokenizer, text, max_new_tokens=None):
         raise HfExtError(f"cannot tokenize {text!r}: {str(error).splitlines()[0]}") from None
     if input_ids.shape[1] == 0:
         raise HfExtError("the input is empty")
+    for what, length in (("the input", input_ids.shape[1]), ("the output (max_new_tokens)", max_new_tokens or 0)):
+        if length > MAX_HALTING_MAP_TOKENS:
+            raise HfExtError(f"{what} has {length} tokens; a halting map takes at most {MAX_HALTING_MAP_TOKENS}")
     was_training = model.training
     model.eval()
     try:

@@ -22,6 +22,24 @@ TOKEN_LEVEL_TASKS = ("knowledge_masking", "capitalization", "token_document_rela
 SENTENCE_DISTANCE_CLASSES = 3  # 0 adjacent, 1 same document, 2 other document
 IR_RELEVANCE_CLASSES = 3  # 0 strong (clicked), 1 weak (shown, not clicked), 2 irrelevant (random)
 MAX_REORDER_SEGMENTS = 8  # 46,233 classes already
+ENCODER_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                 "max_position_embeddings", "type_vocab_size", "task_type_vocab_size")
+
+
+def validate_ernie_encoder(config: ErnieConfig) -> None:
+    """One `ValueError` line for an `ErnieConfig` the encoder cannot be built from: sizes must be positive integers
+    (not strings or booleans, which a hand-edited config may hold), the width must split into the heads, and the
+    LayerNorm epsilon must be a positive finite number. transformers' own config checks only the types."""
+    for name in ENCODER_SIZES:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if config.hidden_size % config.num_attention_heads:
+        raise ValueError(f"hidden_size {config.hidden_size} is not divisible by num_attention_heads "
+                         f"{config.num_attention_heads}")
+    eps = config.layer_norm_eps
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"layer_norm_eps must be a positive finite number, got {eps!r}")
 
 
 def sentence_reordering_classes(max_segments):
@@ -60,6 +78,7 @@ class Ernie2PreTrainingConfig(ErnieConfig):
 
     def validate_pretraining_tasks(self):
         """One `ValueError` line for settings the pre-training heads cannot run with."""
+        validate_ernie_encoder(self)
         if not self.use_task_id:
             raise ValueError("ERNIE 2.0 pre-training gives every task its own task embedding: use_task_id must be true")
         if not isinstance(self.task_ids, dict) or set(self.task_ids) != set(PRETRAINING_TASKS):
@@ -88,4 +107,4 @@ class Ernie2PreTrainingConfig(ErnieConfig):
 
 
 __all__ = ["Ernie2PreTrainingConfig", "IR_RELEVANCE_CLASSES", "PRETRAINING_TASKS", "SENTENCE_DISTANCE_CLASSES",
-           "TOKEN_LEVEL_TASKS", "sentence_reordering_classes"]
+           "TOKEN_LEVEL_TASKS", "sentence_reordering_classes", "validate_ernie_encoder"]

@@ -1,5 +1,6 @@
 """Configuration of MT-DNN (Liu et al., ACL 2019): one BERT encoder shared by an ordered list of task heads."""
 
+import math
 import numbers
 import os
 import re
@@ -29,6 +30,8 @@ ORIGINAL_TASK_KEYS = ("task_type", "n_class", "data_format", "enable_san", "drop
 TASK_KEYS = ("name", "type", "num_labels", "head", "dropout", "data_format", "labels", "group_size", "metrics",
              "kd_loss", "split_names", "san")
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+ENCODER_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                 "max_position_embeddings", "type_vocab_size")
 
 
 class MTDNNConfig(PretrainedConfig):
@@ -75,6 +78,7 @@ class MTDNNConfig(PretrainedConfig):
 
     def validate_mtdnn(self):
         """Raise `ValueError` with one clear line for a configuration the model cannot run."""
+        _check_encoder(self.encoder)
         names = [task["name"] for task in self.tasks]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
@@ -291,6 +295,21 @@ def _normalize_san(san, fail):
     if san["rnn_type"] not in RNN_TYPES:
         fail(f"san rnn_type {san['rnn_type']!r} is not supported (supported: {', '.join(RNN_TYPES)})")
     return {**san, "memory_dropout": float(drop)}
+
+
+def _check_encoder(encoder):
+    """Sizes must be positive integers (not strings or booleans, which a hand-edited config may hold), the width must
+    split into the heads, and the LayerNorm epsilon must be a positive finite number."""
+    for name in ENCODER_SIZES:
+        value = getattr(encoder, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"encoder {name} must be a positive integer, got {value!r}")
+    if encoder.hidden_size % encoder.num_attention_heads:
+        raise ValueError(f"encoder hidden_size {encoder.hidden_size} is not divisible by num_attention_heads "
+                         f"{encoder.num_attention_heads}")
+    eps = encoder.layer_norm_eps
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"encoder layer_norm_eps must be a positive finite number, got {eps!r}")
 
 
 __all__ = ["MTDNNConfig"]

@@ -1,8 +1,13 @@
 """Configuration of Optimus (Li et al., EMNLP 2020): BERT encoder -> Gaussian latent -> GPT-2 decoder."""
 
+import math
+
 from transformers import BertConfig, GPT2Config, PretrainedConfig
 
 FB_MODES = (0, 1, 2)
+ENCODER_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                 "max_position_embeddings", "type_vocab_size")
+DECODER_SIZES = ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions")
 CLASSIFIER_FEATURES = ("pooled", "latent_mean")
 
 
@@ -94,12 +99,27 @@ class OptimusConfig(PretrainedConfig):
             raise ValueError(f"dim_target_kl must be >= 0, got {self.dim_target_kl!r}")
         if self.classifier_feature not in CLASSIFIER_FEATURES:
             raise ValueError(f"classifier_feature must be one of {CLASSIFIER_FEATURES}, got {self.classifier_feature!r}")
-        if self.decoder.n_embd % self.decoder.n_head:
-            raise ValueError(f"decoder n_embd {self.decoder.n_embd} is not divisible by n_head {self.decoder.n_head}")
+        _check_sizes(self.encoder, "encoder", ENCODER_SIZES, "hidden_size", "num_attention_heads", "layer_norm_eps")
+        _check_sizes(self.decoder, "decoder", DECODER_SIZES, "n_embd", "n_head", "layer_norm_epsilon")
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             token_id = getattr(self.decoder, name, None)
             if token_id is not None and not 0 <= token_id < self.decoder.vocab_size:
                 raise ValueError(f"decoder {name} {token_id} is outside the vocabulary of {self.decoder.vocab_size}")
+
+
+def _check_sizes(config, side, sizes, width, heads, epsilon):
+    """Sizes must be positive integers (not strings or booleans, which a hand-edited config.json may hold), the
+    width must split into the heads, and the LayerNorm epsilon must be a positive finite number."""
+    for name in sizes:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{side} {name} must be a positive integer, got {value!r}")
+    if getattr(config, width) % getattr(config, heads):
+        raise ValueError(f"{side} {width} {getattr(config, width)} is not divisible by {heads} "
+                         f"{getattr(config, heads)}")
+    value = getattr(config, epsilon)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{side} {epsilon} must be a positive finite number, got {value!r}")
 
 
 __all__ = ["OptimusConfig"]

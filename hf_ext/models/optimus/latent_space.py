@@ -8,6 +8,11 @@ class OptimusLatentSpace:
     original's `run_latent_generation.py`; decoding is `generate()` from `<BOS>` (greedy unless told otherwise)."""
 
     def __init__(self, model, processor, max_new_tokens=32, **generation_kwargs):
+        # the decoder's positions bound the output; the latent memory slot takes position 0
+        limit = model.config.decoder.n_positions - int(model.config.latent_as_gpt_memory)
+        if max_new_tokens > limit:
+            raise ValueError(f"max_new_tokens {max_new_tokens} exceeds what the decoder's "
+                             f"{model.config.decoder.n_positions} positions allow ({limit})")
         self.model = model.eval()
         self.processor = processor
         self.generation_kwargs = {"max_new_tokens": max_new_tokens, "do_sample": False, **generation_kwargs}
@@ -23,8 +28,10 @@ class OptimusLatentSpace:
 
     @torch.no_grad()
     def encode(self, texts):
-        """(mean, logvar) of each text's posterior."""
-        batch = self.processor([texts] if isinstance(texts, str) else list(texts))
+        """(mean, logvar) of each text's posterior; a text longer than the encoder's positions is truncated, as a
+        tokenizer's `model_max_length` would."""
+        batch = self.processor([texts] if isinstance(texts, str) else list(texts),
+                               max_length=self.model.config.encoder.max_position_embeddings)
         mean, logvar, _ = self.model.encode(batch["input_ids"].to(self.model.device),
                                             batch["attention_mask"].to(self.model.device))
         return mean, logvar

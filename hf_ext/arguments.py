@@ -1,0 +1,40 @@
+"""Argparse `type=` validators for numeric options: a value out of range is a usage error (exit 2) naming the
+option, before any work starts. NaN and infinities are refused everywhere: no option here means them."""
+
+import argparse
+import math
+from collections.abc import Callable
+
+
+def _number(text: str, kind: type) -> float | int:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") \
+            from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def number_in(kind: type, low: float, high: float | None = None, low_open: bool = False,
+              description: str | None = None) -> Callable[[str], float | int]:
+    """A validator for `kind` values (int or float) in [low, high], or (low, high] with `low_open`; `high=None` is
+    unbounded."""
+    bounds = description or (f"{'>' if low_open else '>='} {low:g}" if high is None
+                             else f"in {'(' if low_open else '['}{low:g}, {high:g}]")
+
+    def parse(text: str) -> float | int:
+        value = _number(text, kind)
+        if (value <= low if low_open else value < low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its own messages
+    return parse
+
+
+positive_int = number_in(int, 1, description="at least 1")
+positive_float = number_in(float, 0, low_open=True, description="> 0")
+nonnegative_float = number_in(float, 0)
+probability = number_in(float, 0, 1, low_open=True)
