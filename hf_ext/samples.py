@@ -160,13 +160,14 @@ def _original_gpt2_config(config):
 
 
 def write_sample_checkpoint(root, seed=0, latent_size=16, hidden_size=64, num_layers=2, num_heads=4, step=1,
-                            weight_scale=0.2, **config_overrides):
-    """A complete original-format Optimus output folder with tokenizers trained on the bundled sentences."""
+                            weight_scale=0.2, encoder_vocab_size=200, decoder_vocab_size=300, **config_overrides):
+    """A complete original-format Optimus output folder with tokenizers trained on the bundled sentences
+    (`encoder_vocab_size` WordPiece and `decoder_vocab_size` byte-level BPE entries at most)."""
     sentences = bundled_sentences()
     with tempfile.TemporaryDirectory() as tmp:
         tok_dir = Path(tmp)
-        train_bert_vocab(sentences, tok_dir / "encoder")
-        base_vocab = train_gpt2_bpe(sentences, tok_dir / "decoder")
+        train_bert_vocab(sentences, tok_dir / "encoder", vocab_size=encoder_vocab_size)
+        base_vocab = train_gpt2_bpe(sentences, tok_dir / "decoder", vocab_size=decoder_vocab_size)
         encoder_vocab = len((tok_dir / "encoder" / "vocab.txt").read_text(encoding="utf-8").splitlines())
         config = tiny_config(encoder_vocab, base_vocab, latent_size=latent_size, hidden_size=hidden_size,
                              num_layers=num_layers, num_heads=num_heads, **config_overrides)
