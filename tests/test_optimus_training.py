@@ -384,6 +384,16 @@ def test_projection_on_the_principal_axes_matches_pca():
     np.testing.assert_allclose(projected * signs, pca.transform(points), atol=1e-9)
     np.testing.assert_allclose(projected_others * signs, pca.transform(others), atol=1e-9)
     np.testing.assert_allclose(explained, pca.explained_variance_ratio_)
+    # along a given direction: that direction first, then the principal axis of what is left orthogonal to it
+    direction = np.array([0.0, 1.0, 0.0, 0.0, 0.0])
+    (along, _), shares = project_to_plane(points, others, first_axis=3 * direction)
+    centred = points - points.mean(0)
+    np.testing.assert_allclose(along[:, 0], centred[:, 1], atol=1e-9)
+    rest = PCA(n_components=1).fit(np.delete(centred, 1, axis=1))
+    np.testing.assert_allclose(np.abs(along[:, 1]), np.abs(rest.transform(np.delete(centred, 1, axis=1))[:, 0]),
+                               atol=1e-9)
+    assert shares == pytest.approx([centred[:, 1].var() / centred.var(0).sum(), rest.explained_variance_[0]
+                                    * (len(points) - 1) / len(points) / centred.var(0).sum()])
 
 
 # ----- CLI ------------------------------------------------------------------------------------------------------------

@@ -71,31 +71,45 @@ def plot_training_curves(log_history, path, title=None):
     return Path(path)
 
 
-def project_to_plane(points, *others):
-    """`points` ([n, d]) and each of `others` ([m, d]) on the first two principal axes of `points`, with the share
-    of `points`' variance each axis explains."""
+def project_to_plane(points, *others, first_axis=None):
+    """`points` ([n, d]) and each of `others` ([m, d]) on a plane through the mean of `points`, with the share of
+    `points`' variance along each axis. The axes are the first two principal axes of `points`; with `first_axis`
+    (a [d] direction), that direction and the principal axis of `points` orthogonal to it."""
     import numpy as np
 
     points = np.asarray(points, dtype=np.float64)
     centre = points.mean(0)
-    _, singular_values, axes = np.linalg.svd(points - centre, full_matrices=False)
-    explained = singular_values[:2] ** 2 / (singular_values ** 2).sum()
-    projected = [(np.asarray(other, dtype=np.float64) - centre) @ axes[:2].T for other in (points, *others)]
+    centred = points - centre
+    if first_axis is None:
+        axes = np.linalg.svd(centred, full_matrices=False)[2][:2]
+    else:
+        first = np.asarray(first_axis, dtype=np.float64)
+        first = first / np.linalg.norm(first)
+        rest = centred - np.outer(centred @ first, first)
+        axes = np.stack([first, np.linalg.svd(rest, full_matrices=False)[2][0]])
+    explained = ((centred @ axes.T) ** 2).sum(0) / (centred ** 2).sum()
+    projected = [(np.asarray(other, dtype=np.float64) - centre) @ axes.T for other in (points, *others)]
     return projected, explained
 
 
 def plot_latent_space(means, texts, path, interpolation=None, labelled=None, log_history=None, title=None):
-    """Posterior means of `texts` ([n, latent_size]) on their two principal axes, with the sentences of
-    `labelled` (indices; default all) written beside their points, and optionally:
+    """Posterior means of `texts` ([n, latent_size]) on a plane, with the sentences of `labelled` (indices; default
+    all) written beside their points, and optionally:
 
-    - `interpolation`: `(latents, [(t, decoded text)])`, the interpolation path drawn through the plane with each
-      step's decoded text;
+    - `interpolation`: `(latents, [(t, decoded text)])`; the plane then runs along the interpolation (its first axis
+      is the line from the first latent to the last, its second the principal axis of the means orthogonal to it),
+      the path is drawn with numbered steps, and each step's decoded text is listed under the map;
     - `log_history`: the training curves (`plot_training_curves`' panels) in a column on the right.
+
+    Without an interpolation the plane is the means' first two principal axes.
     """
+    import numpy as np
+
     if len(texts) < 2 or len(means) != len(texts):
         raise HfExtError("the latent map needs a posterior mean for each of at least 2 sentences")
-    path_latents, steps = interpolation if interpolation is not None else ([], [])
-    (points, path_points), explained = project_to_plane(means, path_latents if len(path_latents) else means[:0])
+    path_latents, steps = interpolation if interpolation is not None else (np.zeros((0, len(means[0]))), [])
+    direction = np.asarray(path_latents[-1]) - np.asarray(path_latents[0]) if steps else None
+    (points, path_points), explained = project_to_plane(means, path_latents, first_axis=direction)
     figure = _figure(16 if log_history is not None else 11, 8)
     if log_history is not None:
         grid = figure.add_gridspec(len(CURVE_PANELS), 2, width_ratios=(3, 1))
@@ -107,17 +121,23 @@ def plot_latent_space(means, texts, path, interpolation=None, labelled=None, log
     axis.scatter(points[:, 0], points[:, 1], s=18, color="0.65", label="posterior means of the sentences")
     for index in labelled:
         axis.scatter(*points[index], s=30, color="tab:blue")
-        axis.annotate(texts[index], points[index], xytext=(4, 4), textcoords="offset points", fontsize=8,
+        axis.annotate(texts[index], points[index], xytext=(5, 5), textcoords="offset points", fontsize=8,
                       color="tab:blue")
     if steps:
         axis.plot(path_points[:, 0], path_points[:, 1], "-o", color="tab:red", markersize=5, label="interpolation")
-        for (t, text), point in zip(steps, path_points):
-            axis.annotate(f"t={t:.2f}: {text}", point, xytext=(4, -11), textcoords="offset points", fontsize=8,
-                          color="tab:red")
-    axis.set_xlabel(f"principal axis 1 ({explained[0]:.0%} of the variance)")
-    axis.set_ylabel(f"principal axis 2 ({explained[1]:.0%} of the variance)")
+        for number, point in enumerate(path_points):
+            axis.annotate(str(number), point, xytext=(-3, -13), textcoords="offset points", fontsize=9,
+                          color="tab:red", weight="bold")
+        listing = "\n".join(f"{number}  t={t:.2f}  {text}" for number, (t, text) in enumerate(steps))
+        axis.text(0.01, 0.01, listing, transform=axis.transAxes, fontsize=8, color="tab:red", va="bottom",
+                  family="monospace", bbox=dict(facecolor="white", alpha=0.85, edgecolor="tab:red"))
+        axis.set_xlabel(f"along the interpolation ({explained[0]:.0%} of the variance)")
+        axis.set_ylabel(f"principal axis orthogonal to it ({explained[1]:.0%} of the variance)")
+    else:
+        axis.set_xlabel(f"principal axis 1 ({explained[0]:.0%} of the variance)")
+        axis.set_ylabel(f"principal axis 2 ({explained[1]:.0%} of the variance)")
     axis.set_title("latent space: posterior means")
-    axis.legend(loc="best", fontsize=8)
+    axis.legend(loc="upper right", fontsize=8)
     axis.grid(alpha=0.3)
     if title:
         figure.suptitle(title)
