@@ -85,7 +85,7 @@ def run_demo(args: argparse.Namespace) -> None:
         torch.set_num_threads(threads)
 
 
-def _run_demo(args):
+def _run_demo(args: argparse.Namespace) -> None:
     import torch
     from datasets import Dataset
     from transformers import AutoModel, AutoProcessor
@@ -110,8 +110,8 @@ def _run_demo(args):
     (workdir / MARKER).touch()
     torch.manual_seed(args.seed)
     sentences = bundled_sentences()
-    print(f"hf-ext demo: Optimus trained and queried on the {len(sentences)} sentences bundled with hf-ext "
-          "(hf_ext/data/sentences.txt); nothing is downloaded")
+    print(f"hf-ext demo: a small Optimus trained, then queried, on the {len(sentences)} sentences bundled with hf-ext\n"
+          "   (hf_ext/data/sentences.txt: it shows the mechanics, not generalisation); nothing is downloaded")
 
     print(f"1. writing an original-format Optimus checkpoint to {workdir / 'original'}")
     write_sample_checkpoint(workdir / "original", seed=args.seed, weight_scale=None, beta=BETA,
@@ -130,13 +130,14 @@ def _run_demo(args):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
 
-    print(f"4. training with Trainer for {args.max_steps} steps on the {len(sentences)} bundled sentences: beta 0 for "
-          f"the first {RATIO_ZERO:.0%} of them, then a ramp to {BETA} over {RATIO_INCREASE:.0%}; free bits: "
-          f"{DIM_TARGET_KL} nats per latent dimension")
+    print(f"4. training with Trainer for {args.max_steps} steps on the {len(sentences)} bundled sentences\n"
+          f"   beta 0 for the first {RATIO_ZERO:.0%} of the steps, a ramp to {BETA} over the next "
+          f"{RATIO_INCREASE:.0%}; free bits: {DIM_TARGET_KL} nats per latent dimension")
     trainer = finetune_optimus(model, processor, Dataset.from_dict({"text": sentences}), workdir / "trainer",
                                max_steps=args.max_steps, batch_size=BATCH_SIZE, learning_rate=LEARNING_RATE,
-                               ratio_zero=RATIO_ZERO, ratio_increase=RATIO_INCREASE, logging_steps=max(1, args.max_steps // 40),
-                               warmup_steps=min(20, args.max_steps // 10), seed=args.seed, print_logs=False,
+                               ratio_zero=RATIO_ZERO, ratio_increase=RATIO_INCREASE,
+                               logging_steps=max(1, args.max_steps // 40), warmup_steps=min(20, args.max_steps // 10),
+                               seed=args.seed, print_logs=False,
                                disable_tqdm=True, callbacks=[ProgressLines(started, max(1, args.max_steps // 8))])
     model.save_pretrained(workdir / "finetuned")
     processor.save_pretrained(workdir / "finetuned")
@@ -154,7 +155,8 @@ def _run_demo(args):
     means, _ = space.encode([source, target])
     path_latents = model.interpolate(means[0], means[1], INTERPOLATION_STEPS)
     steps = list(zip(torch.linspace(0, 1, INTERPOLATION_STEPS).tolist(), space.decode(path_latents)))
-    print(f"   interpolation between the posterior means of {source!r} and {target!r}:")
+    print(f"   interpolation between the posterior means of sentences {INTERPOLATION_ENDS[0] + 1} and "
+          f"{INTERPOLATION_ENDS[1] + 1} of the file:")
     for weight, text in steps:
         print(f"   t={weight:.2f}  {text}")
     samples = space.sample(PRIOR_SAMPLES, generator=torch.Generator().manual_seed(args.seed))
@@ -174,9 +176,10 @@ def _run_demo(args):
                       "of training sentences",
         "max_steps": args.max_steps,
         "seed": args.seed,
-        "reconstructions": [{"input": s, "output": o, "word_accuracy": a}
-                            for s, o, a in zip(sentences, outputs, accuracies)],
-        "interpolation": {"source": source, "target": target, "steps": [{"t": t, "text": x} for t, x in steps]},
+        "reconstructions": [{"input": sentence, "output": output, "word_accuracy": accuracy}
+                            for sentence, output, accuracy in zip(sentences, outputs, accuracies)],
+        "interpolation": {"source": source, "target": target,
+                          "steps": [{"t": weight, "text": text} for weight, text in steps]},
         "prior_samples": samples,
         "kl": metrics["kl"],
         "active_units": metrics["active_units"],
