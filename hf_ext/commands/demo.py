@@ -32,7 +32,8 @@ BETA = 0.5
 RATIO_ZERO = 0.25
 RATIO_INCREASE = 0.25
 DIM_TARGET_KL = 3.0
-LEARNING_RATE = 3e-3
+LEARNING_RATE = 2e-3
+WARMUP_STEPS = 20
 BATCH_SIZE = 16
 DEFAULT_STEPS = 2000
 # sentences whose reconstructions are printed, and the two ends of the interpolation (indices into the bundled file)
@@ -136,8 +137,8 @@ def _run_demo(args: argparse.Namespace) -> None:
     trainer = finetune_optimus(model, processor, Dataset.from_dict({"text": sentences}), workdir / "trainer",
                                max_steps=args.max_steps, batch_size=BATCH_SIZE, learning_rate=LEARNING_RATE,
                                ratio_zero=RATIO_ZERO, ratio_increase=RATIO_INCREASE,
-                               logging_steps=max(1, args.max_steps // 40), warmup_steps=min(20, args.max_steps // 10),
-                               seed=args.seed, print_logs=False,
+                               logging_steps=max(1, args.max_steps // 40),
+                               warmup_steps=min(WARMUP_STEPS, args.max_steps // 10), seed=args.seed, print_logs=False,
                                disable_tqdm=True, callbacks=[ProgressLines(started, max(1, args.max_steps // 8))])
     model.save_pretrained(workdir / "finetuned")
     processor.save_pretrained(workdir / "finetuned")

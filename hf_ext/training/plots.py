@@ -98,7 +98,8 @@ def plot_latent_space(means, texts, path, interpolation=None, labelled=None, log
 
     - `interpolation`: `(latents, [(t, decoded text)])`; the plane then runs along the interpolation (its first axis
       is the line from the first latent to the last, its second the principal axis of the means orthogonal to it),
-      the path is drawn with numbered steps, and each step's decoded text is listed under the map;
+      the path is drawn with numbered steps, each step's decoded text is listed under the map, and a sentence that
+      a step decodes to is marked with the step's number instead of its text;
     - `log_history`: the training curves (`plot_training_curves`' panels) in a column on the right.
 
     Without an interpolation the plane is the means' first two principal axes.
@@ -110,34 +111,38 @@ def plot_latent_space(means, texts, path, interpolation=None, labelled=None, log
     path_latents, steps = interpolation if interpolation is not None else (np.zeros((0, len(means[0]))), [])
     direction = np.asarray(path_latents[-1]) - np.asarray(path_latents[0]) if steps else None
     (points, path_points), explained = project_to_plane(means, path_latents, first_axis=direction)
-    figure = _figure(16 if log_history is not None else 11, 8)
+    figure = _figure(16 if log_history is not None else 11, 9 if steps else 8)
+    grid = (figure.add_gridspec(len(CURVE_PANELS), 2, width_ratios=(3, 1)) if log_history is not None
+            else figure.add_gridspec(len(CURVE_PANELS), 1))
+    map_rows = slice(0, len(CURVE_PANELS) - 1) if steps else slice(None)
+    axis = figure.add_subplot(grid[map_rows, 0])
     if log_history is not None:
-        grid = figure.add_gridspec(len(CURVE_PANELS), 2, width_ratios=(3, 1))
-        axis = figure.add_subplot(grid[:, 0])
         _draw_training_curves([figure.add_subplot(grid[row, 1]) for row in range(len(CURVE_PANELS))], log_history)
-    else:
-        axis = figure.subplots()
-    labelled = range(len(texts)) if labelled is None else labelled
+    step_numbers = {}
+    for number, (_, text) in enumerate(steps):
+        step_numbers.setdefault(text, []).append(str(number))
     axis.scatter(points[:, 0], points[:, 1], s=18, color="0.65", label="posterior means of the sentences")
-    for index in labelled:
+    for index in range(len(texts)) if labelled is None else labelled:
         axis.scatter(*points[index], s=30, color="tab:blue")
-        axis.annotate(texts[index], points[index], xytext=(5, 5), textcoords="offset points", fontsize=8,
-                      color="tab:blue")
+        label = ",".join(step_numbers[texts[index]]) if texts[index] in step_numbers else texts[index]
+        axis.annotate(label, points[index], xytext=(5, 5), textcoords="offset points", fontsize=8, color="tab:blue")
     if steps:
         axis.plot(path_points[:, 0], path_points[:, 1], "-o", color="tab:red", markersize=5, label="interpolation")
         for number, point in enumerate(path_points):
             axis.annotate(str(number), point, xytext=(-3, -13), textcoords="offset points", fontsize=9,
                           color="tab:red", weight="bold")
+        listing_axis = figure.add_subplot(grid[-1, 0])
+        listing_axis.axis("off")
         listing = "\n".join(f"{number}  t={t:.2f}  {text}" for number, (t, text) in enumerate(steps))
-        axis.text(0.01, 0.01, listing, transform=axis.transAxes, fontsize=8, color="tab:red", va="bottom",
-                  family="monospace", bbox=dict(facecolor="white", alpha=0.85, edgecolor="tab:red"))
+        listing_axis.text(0, 1, "interpolation (red), and the sentences its steps decode to (blue numbers):\n"
+                          + listing, va="top", fontsize=9, family="monospace", color="tab:red")
         axis.set_xlabel(f"along the interpolation ({explained[0]:.0%} of the variance)")
         axis.set_ylabel(f"principal axis orthogonal to it ({explained[1]:.0%} of the variance)")
     else:
         axis.set_xlabel(f"principal axis 1 ({explained[0]:.0%} of the variance)")
         axis.set_ylabel(f"principal axis 2 ({explained[1]:.0%} of the variance)")
     axis.set_title("latent space: posterior means")
-    axis.legend(loc="upper right", fontsize=8)
+    axis.legend(loc="best", fontsize=8)
     axis.grid(alpha=0.3)
     if title:
         figure.suptitle(title)
