@@ -5,6 +5,7 @@ configurations other than the fixtures', and the conversion benchmark."""
 import argparse
 import json
 import tempfile
+from collections import Counter
 from importlib import resources
 from pathlib import Path
 
@@ -25,15 +26,25 @@ def bundled_sentences():
 
 
 def train_bert_vocab(sentences, folder, vocab_size=200, lowercase=True):
-    """A WordPiece `vocab.txt` as BERT ships it (pad id 0, as the original Optimus assumes)."""
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.train_from_iterator(sentences, trainers.WordPieceTrainer(vocab_size=vocab_size, show_progress=False,
-                                                                        special_tokens=BERT_SPECIAL_TOKENS))
+    """A WordPiece `vocab.txt` as BERT ships it (pad id 0, as the original Optimus assumes): the special tokens, every
+    character of the sentences alone and as a `##` continuation (so that any word of them can be spelled), then
+    their most frequent words whole, up to `vocab_size` entries. Built in Python rather than with the `tokenizers`
+    WordPiece trainer, whose choice among equally frequent merges changes from run to run."""
+    normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    counts = Counter(word for sentence in sentences
+                     for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(sentence)))
+    characters = sorted({character for word in counts for character in word})
+    vocab = [*BERT_SPECIAL_TOKENS, *characters, *(f"##{character}" for character in characters)]
+    if len(vocab) > vocab_size:
+        raise ValueError(f"vocab_size {vocab_size} cannot hold the {len(vocab)} special tokens and characters")
+    known = set(vocab)
+    words = [word for word, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0])) if word not in known]
+    vocab += words[:vocab_size - len(vocab)]
     Path(folder).mkdir(parents=True, exist_ok=True)
-    tokenizer.model.save(str(folder))
-    return Path(folder) / "vocab.txt"
+    path = Path(folder) / "vocab.txt"
+    path.write_text("".join(f"{token}\n" for token in vocab), encoding="utf-8")
+    return path
 
 
 def train_gpt2_bpe(sentences, folder, vocab_size=300):
@@ -160,13 +171,14 @@ def _original_gpt2_config(config):
 
 
 def write_sample_checkpoint(root, seed=0, latent_size=16, hidden_size=64, num_layers=2, num_heads=4, step=1,
-                            weight_scale=0.2, **config_overrides):
-    """A complete original-format Optimus output folder with tokenizers trained on the bundled sentences."""
+                            weight_scale=0.2, decoder_vocab_size=300, **config_overrides):
+    """A complete original-format Optimus output folder with tokenizers trained on the bundled sentences (the
+    encoder's holds all their words; the decoder's byte-level BPE has `decoder_vocab_size` entries at most)."""
     sentences = bundled_sentences()
     with tempfile.TemporaryDirectory() as tmp:
         tok_dir = Path(tmp)
         train_bert_vocab(sentences, tok_dir / "encoder")
-        base_vocab = train_gpt2_bpe(sentences, tok_dir / "decoder")
+        base_vocab = train_gpt2_bpe(sentences, tok_dir / "decoder", vocab_size=decoder_vocab_size)
         encoder_vocab = len((tok_dir / "encoder" / "vocab.txt").read_text(encoding="utf-8").splitlines())
         config = tiny_config(encoder_vocab, base_vocab, latent_size=latent_size, hidden_size=hidden_size,
                              num_layers=num_layers, num_heads=num_heads, **config_overrides)

@@ -32,7 +32,9 @@ from hf_ext.training import (
     load_text_dataset,
     optimus_lora,
     plot_interpolation_table,
+    plot_latent_space,
     plot_training_curves,
+    project_to_plane,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -153,8 +155,26 @@ def test_training_lowers_the_loss_and_logs_each_term(trained):
     losses, rec, kl = logged(history, "loss"), logged(history, "loss_rec"), logged(history, "loss_kl")
     assert len(losses) == len(rec) == len(kl) == 4 and all(k >= 0 for k in kl)
     assert rec[-1] < rec[0]
+    # the plain KL is logged beside the loss's KL term; without free bits (fb_mode 0) they are the same number
+    assert logged(history, "kl") == pytest.approx(kl, rel=1e-5)
+    assert after["eval_kl"] == pytest.approx(after["eval_loss_kl"], rel=1e-5)
     # eval runs at the full beta again once training is over
     assert trainer.model.beta == 0.5
+
+
+def test_free_bits_zero_the_kl_term_but_not_the_logged_kl(processor, texts, tmp_path):
+    # every dimension under its 100-nat target: the loss's KL term is 0, the plain KL is still measured
+    model = make_model(processor, beta=0.5, fb_mode=1, dim_target_kl=100.0)
+    evaluation = texts.select(range(8))
+    trainer = OptimusTrainer(model=model, args=training_args(tmp_path, 1), eval_dataset=evaluation,
+                             data_collator=OptimusDataCollator(processor, max_length=MAX_LENGTH))
+    metrics = trainer.evaluate()
+    batch = processor(list(evaluation["text"]), max_length=MAX_LENGTH)
+    with torch.no_grad():
+        mean, logvar, _ = model.encode(batch["input_ids"], batch["attention_mask"])
+    expected = (0.5 * (mean ** 2 + logvar.exp() - logvar - 1)).sum(-1).mean().item()
+    assert metrics["eval_loss_kl"] == 0
+    assert metrics["eval_kl"] == pytest.approx(expected, rel=1e-5) and expected > 0
 
 
 def test_resume_continues_the_beta_schedule(processor, texts, tmp_path):
@@ -338,6 +358,42 @@ def test_plots(trained, processor, tmp_path):
     rows = space.interpolate("a man is sleeping .", "two dogs run on the beach .", num_steps=4)
     assert [t for t, _ in rows] == pytest.approx([0, 1 / 3, 2 / 3, 1])
     assert_png(plot_interpolation_table(rows, tmp_path / "table.png"), 900)
+    sentences = texts_of(6)
+    means, _ = space.encode(sentences)
+    path = trainer.model.interpolate(means[0], means[1], 4)
+    steps = list(zip([0, 1 / 3, 2 / 3, 1], space.decode(path)))
+    assert_png(plot_latent_space(means.numpy(), sentences, tmp_path / "map.png", interpolation=(path.numpy(), steps),
+                                 labelled=[0, 1], log_history=trainer.state.log_history), 1600)
+    assert_png(plot_latent_space(means.numpy(), sentences, tmp_path / "bare.png"), 1100)
+    with pytest.raises(HfExtError, match="at least 2 sentences"):
+        plot_latent_space(means[:1].numpy(), sentences[:1], tmp_path / "one.png")
+
+
+def texts_of(count):
+    return list(load_text_dataset(SNLI / "train.txt")["text"][:count])
+
+
+def test_projection_on_the_principal_axes_matches_pca():
+    from sklearn.decomposition import PCA
+
+    points = np.random.default_rng(0).normal(size=(30, 5)) * [5, 3, 1, 0.5, 0.1]
+    others = np.random.default_rng(1).normal(size=(4, 5))
+    (projected, projected_others), explained = project_to_plane(points, others)
+    pca = PCA(n_components=2).fit(points)
+    signs = np.sign((projected * pca.transform(points)).sum(0))  # each axis is defined up to its sign
+    np.testing.assert_allclose(projected * signs, pca.transform(points), atol=1e-9)
+    np.testing.assert_allclose(projected_others * signs, pca.transform(others), atol=1e-9)
+    np.testing.assert_allclose(explained, pca.explained_variance_ratio_)
+    # along a given direction: that direction first, then the principal axis of what is left orthogonal to it
+    direction = np.array([0.0, 1.0, 0.0, 0.0, 0.0])
+    (along, _), shares = project_to_plane(points, others, first_axis=3 * direction)
+    centred = points - points.mean(0)
+    np.testing.assert_allclose(along[:, 0], centred[:, 1], atol=1e-9)
+    rest = PCA(n_components=1).fit(np.delete(centred, 1, axis=1))
+    np.testing.assert_allclose(np.abs(along[:, 1]), np.abs(rest.transform(np.delete(centred, 1, axis=1))[:, 0]),
+                               atol=1e-9)
+    assert shares == pytest.approx([centred[:, 1].var() / centred.var(0).sum(), rest.explained_variance_[0]
+                                    * (len(points) - 1) / len(points) / centred.var(0).sum()])
 
 
 # ----- CLI ------------------------------------------------------------------------------------------------------------

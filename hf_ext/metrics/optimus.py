@@ -84,6 +84,16 @@ def optimus_lm_statistics(model, processor, texts, batch_size=16, num_samples=10
     return stats
 
 
+def word_accuracy(reference: str, output: str) -> float:
+    """Share of word positions (words split at whitespace) where `output` has `reference`'s word, over the longer
+    of the two: 1.0 only for the same words in the same order; a missing, extra or shifted word costs its places."""
+    reference_words, output_words = reference.split(), output.split()
+    if not reference_words and not output_words:
+        return 1.0
+    matches = sum(a == b for a, b in zip(reference_words, output_words))
+    return matches / max(len(reference_words), len(output_words))
+
+
 def evaluate_optimus_lm(model, processor, texts, au_threshold=0.01, **statistics_kwargs):
     """The paper's LM metrics of `texts`: perplexity, nll, neg_elbo, reconstruction_nll, kl, mi, active_units
     (`statistics_kwargs` go to `optimus_lm_statistics`)."""
@@ -91,4 +101,4 @@ def evaluate_optimus_lm(model, processor, texts, au_threshold=0.01, **statistics
     return load_metric("optimus_lm").compute(**stats, au_threshold=au_threshold)
 
 
-__all__ = ["STATISTICS", "evaluate_optimus_lm", "optimus_lm_statistics"]
+__all__ = ["STATISTICS", "evaluate_optimus_lm", "optimus_lm_statistics", "word_accuracy"]

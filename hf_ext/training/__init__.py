@@ -16,7 +16,14 @@ from .optimus import (
     optimus_lora,
 )
 from .trainer import StderrLogCallback, TermLoggingTrainer, TermMeans, send_logs_to_stderr
-from .plots import curves_from_log_history, plot_interpolation_table, plot_training_curves, require_matplotlib
+from .plots import (
+    curves_from_log_history,
+    plot_interpolation_table,
+    plot_latent_space,
+    plot_training_curves,
+    project_to_plane,
+    require_matplotlib,
+)
 from .mtdnn import (  # MT-DNN multi-task training; its names join __all__ below
     MTDNNCollator,
     MTDNNTrainer,
@@ -38,7 +45,7 @@ __all__ = ["BetaScheduleCallback", "DECODER_LORA_TARGETS", "ENCODER_LORA_TARGETS
            "curves_from_log_history",
            "evaluate_optimus_lm", "finetune_optimus", "frange_cycle_linear", "frange_cycle_zero_linear", "load_optimus_lora",
            "load_text_dataset", "optimus_core", "optimus_lm_statistics", "optimus_lora", "plot_interpolation_table",
-           "plot_training_curves", "require_matplotlib"]
+           "plot_latent_space", "plot_training_curves", "project_to_plane", "require_matplotlib"]
 __all__ += ["MTDNNCollator", "MTDNNTrainer", "MultiTaskBatchSampler", "MultiTaskDataset", "add_soft_labels",
             "load_glue_tsv", "load_mtdnn_json", "load_mtdnn_lora", "load_task_file", "mtdnn_lora", "teacher_soft_labels"]
 from .universal_transformer import (  # noqa: E402  Universal Transformer algorithmic tasks, halting map, LoRA

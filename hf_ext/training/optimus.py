@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from accelerate.utils import extract_model_from_parallel
-from transformers import TrainerCallback
+from transformers import PrinterCallback, TrainerCallback
 from transformers.trainer_utils import unwrap_peft_model
 from transformers.utils import logging
 
 from ..errors import HfExtError
+from ..models.optimus import kl_divergence
 from .trainer import TermLoggingTrainer, last_complete_checkpoint, quiet_peft, send_logs_to_stderr
 
 logger = logging.get_logger(__name__)
@@ -146,13 +147,14 @@ def load_text_dataset(path, text_column="text"):
 
 
 class OptimusTrainer(TermLoggingTrainer):
-    """`Trainer` for `OptimusModel` (or a PEFT wrapper of it) that also logs `loss_rec`, `loss_kl` and `beta`: the
-    means over each logging window, averaged across processes. Evaluation reports `eval_loss` (the labels are named
-    `labels`) plus `eval_loss_rec` and `eval_loss_kl`, averaged over the examples. With `OptimusDataCollator` the
+    """`Trainer` for `OptimusModel` (or a PEFT wrapper of it) that also logs `loss_rec`, `loss_kl` (the KL term of
+    the loss, after free bits), `kl` (the plain KL, which free bits do not change) and `beta`: the means over each
+    logging window, averaged across processes. Evaluation reports `eval_loss` (the labels are named `labels`) plus
+    `eval_loss_rec`, `eval_loss_kl` and `eval_kl`, averaged over the examples. With `OptimusDataCollator` the
     dataset's text column is kept for the collator even though the model's `forward` does not take it."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, logged_terms=("loss_rec", "loss_kl", "beta"), **kwargs)
+        super().__init__(*args, logged_terms=("loss_rec", "loss_kl", "kl", "beta"), **kwargs)
         if self.args.label_names is None:
             self.label_names = ["labels"]
 
@@ -167,6 +169,8 @@ class OptimusTrainer(TermLoggingTrainer):
         for name in ("loss_rec", "loss_kl"):
             if outputs.get(name) is not None:  # loss_kl is None when the batch has no encoder side
                 self.record_term(model, name, outputs[name])
+        if outputs.get("mean") is not None:
+            self.record_term(model, "kl", kl_divergence(outputs["mean"], outputs["logvar"]).detach())
         if model.training:
             self.record_term(model, "beta", torch.tensor(float(optimus_core(model).beta)))
         return (outputs.loss, outputs) if return_outputs else outputs.loss
@@ -175,10 +179,11 @@ class OptimusTrainer(TermLoggingTrainer):
 def finetune_optimus(model, processor, dataset, output_dir, max_steps, batch_size=8, learning_rate=5e-5,
                      n_cycles=1, ratio_zero=DEFAULT_RATIO_ZERO, ratio_increase=DEFAULT_RATIO_INCREASE,
                      logging_steps=50, seed=42, max_length=None, text_column="text", callbacks=(), log_to_stderr=False,
-                     save_steps=None, save_total_limit=2, **training_kwargs):
+                     save_steps=None, save_total_limit=2, print_logs=True, **training_kwargs):
     """Fine-tune `model` on the `text_column` of `dataset` with the original objective (cyclical KL schedule up to
     `config.beta`, free bits, length weighting as configured). `output_dir` is the Trainer's working folder; the
-    trained model stays in memory. `log_to_stderr` writes the logs as JSON lines on stderr instead of stdout.
+    trained model stays in memory. `log_to_stderr` writes the logs as JSON lines on stderr instead of stdout;
+    `print_logs=False` prints none (`callbacks` still receive them).
 
     With `save_steps`, a checkpoint goes into `output_dir` every `save_steps` steps (the newest `save_total_limit`
     are kept) and a run on the same `output_dir` resumes from the newest complete one: the beta schedule and the
@@ -196,7 +201,9 @@ def finetune_optimus(model, processor, dataset, output_dir, max_steps, batch_siz
     trainer = OptimusTrainer(model=model, args=training_args, train_dataset=dataset,
                              data_collator=OptimusDataCollator(processor, text_column, max_length),
                              callbacks=[schedule, *callbacks])
-    if log_to_stderr:
+    if not print_logs:
+        trainer.remove_callback(PrinterCallback)
+    elif log_to_stderr:
         send_logs_to_stderr(trainer)
     checkpoint = last_complete_checkpoint(output_dir) if save_steps else None
     if checkpoint is not None:
