@@ -123,7 +123,7 @@ def plot(pyplot, runs: dict, args) -> None:
         axis.set_title(f"{task}: lengths {args.train_length + 1}-{args.test_length}")
     axes[0][0].set_ylabel("char accuracy")
     axes[0][-1].legend(fontsize=8)
-    figure.suptitle(f"Universal Transformer, algorithmic tasks (Table 4); trained on lengths up to {args.train_length}")
+    figure.suptitle(f"Universal Transformer, Table 4\ntrained on lengths up to {args.train_length}", fontsize=10)
     figure.tight_layout()
     figure.savefig(args.plot, dpi=100)
     print(f"wrote {args.plot}")

@@ -181,8 +181,8 @@ class UniversalTransformerTrainer(TermLoggingTrainer):
 
 class PositionOffsetCollator:
     """Seq2seq collator that shifts every training example to start at a random position, so that positions beyond
-    the training length are seen in training (the paper trains its Universal Transformers "using positions starting
-    with randomized offsets", section 3.3; tensor2tensor's `position_start_index="random"`).
+    the training length are seen in training (the paper trains its Universal Transformers for the algorithmic tasks
+    with positions starting at randomized offsets, section 3.3; tensor2tensor's `position_start_index="random"`).
 
     The shift is left padding: the Universal Transformer adds the position signal by slot index and masks padding
     out of attention and ACT, so `k` pads in front put the example at positions `k, k+1, ...`. Encoder and decoder
