@@ -304,12 +304,13 @@ def teacher_forced_accuracy(model: torch.nn.Module, dataset, batch_size: int = 6
     model.eval()
     device = next(model.parameters()).device
     collator = DataCollatorForSeq2Seq(algorithmic_tokenizer())
-    order = sorted(range(len(dataset)), key=lambda i: len(dataset[i]["labels"]))
+    input_ids, labels = dataset["input_ids"], dataset["labels"]
+    order = sorted(range(len(labels)), key=lambda i: len(labels[i]))  # batches of similar lengths pad little
     correct = total = exact = 0
     try:
         for start in range(0, len(order), batch_size):
-            rows = dataset.select(order[start:start + batch_size])
-            batch = collator([{"input_ids": row["input_ids"], "labels": row["labels"]} for row in rows])
+            rows = order[start:start + batch_size]
+            batch = collator([{"input_ids": input_ids[i], "labels": labels[i]} for i in rows])
             batch = {name: values.to(device) for name, values in batch.items()}
             predictions = model(**batch).logits.argmax(dim=-1)
             targets = batch["labels"] != -100
