@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import evaluate
+import numpy as np
 import pytest
 import torch
 from conftest import run_torchrun
@@ -20,15 +21,18 @@ from hf_ext import (
 from hf_ext.cli import main
 from hf_ext.errors import HfExtError
 from hf_ext.metrics import metric_path
+from hf_ext.models.universal_transformer import modeling_universal_transformer
 from hf_ext.training.universal_transformer import (
     SYMBOLS,
     algorithmic_config,
     algorithmic_dataset,
     algorithmic_tokenizer,
     count_parameters,
+    PositionOffsetCollator,
     evaluate_algorithmic,
     halting_map,
     plot_halting_map,
+    teacher_forced_accuracy,
     train_algorithmic,
     universal_transformer_lora,
     vanilla_transformer,
@@ -182,6 +186,85 @@ def test_baseline_is_same_size_and_logs_no_ponder_cost(copy_data, tmp_path):
     assert not logged(trainer.state.log_history, "ponder_cost")
     with pytest.raises(ValueError, match="key and value depths"):
         vanilla_transformer(tiny_config(attention_value_depth=8))
+
+
+# ----- positions at random offsets ---------------------------------------------------------------------------------
+
+def test_position_offset_collator_left_pads_each_side_by_its_own_offset():
+    features = [{"input_ids": [3, 4, 1], "labels": [4, 3, 1]}, {"input_ids": [5, 1], "labels": [5, 1]}]
+    batch = PositionOffsetCollator(4, seed=1)(features)
+    rng = np.random.default_rng(1)  # the collator's draws: an encoder and a decoder offset per example
+    for row, feature in enumerate(features):
+        encoder_offset, decoder_offset = (int(k) for k in rng.integers(0, 4, size=2))
+        inputs, labels = feature["input_ids"], feature["labels"]
+        width = batch["input_ids"].shape[1]
+        assert batch["input_ids"][row].tolist() == ([0] * encoder_offset + inputs + [0] * width)[:width]
+        assert batch["attention_mask"][row].tolist() == (
+            [0] * encoder_offset + [1] * len(inputs) + [0] * width)[:width]
+        width = batch["labels"].shape[1]
+        # the decoder input is the labels shifted right behind the start id (0), after the offset's padding
+        assert batch["decoder_input_ids"][row].tolist() == ([0] * (decoder_offset + 1) + labels[:-1] + [0] * width)[
+            :width]
+        assert batch["decoder_attention_mask"][row].tolist() == (
+            [0] * decoder_offset + [1] * len(labels) + [0] * width)[:width]
+        assert batch["labels"][row].tolist() == ([-100] * decoder_offset + labels + [-100] * width)[:width]
+    with pytest.raises(ValueError, match="at least 1"):
+        PositionOffsetCollator(0)
+
+
+def test_left_padding_moves_the_universal_transformer_to_later_positions(monkeypatch):
+    """An example behind k pads gets the logits of the same example whose position signal starts at k."""
+    torch.manual_seed(0)
+    model = UniversalTransformerForSeq2SeqLM(tiny_config()).eval()
+    inputs, labels = [3, 7, 2, 9, 1], [4, 6, 1]
+    batch = PositionOffsetCollator(1)([{"input_ids": inputs, "labels": labels}])  # offsets 0: no padding
+    with torch.no_grad():
+        padded = model(input_ids=torch.tensor([[0, 0, 0] + inputs]), attention_mask=torch.tensor([[0] * 3 + [1] * 5]),
+                       decoder_input_ids=torch.tensor([[0, 0] + [0] + labels[:-1]]),
+                       decoder_attention_mask=torch.tensor([[0, 0] + [1] * 3])).logits[0, 2:]
+        unshifted = model(**batch).logits[0]
+        timing_signal = modeling_universal_transformer.timing_signal
+        # the encoder's signal starts at 3 and the decoder's at 2: tell them apart by their length
+        monkeypatch.setattr(modeling_universal_transformer, "timing_signal", lambda length, *rest: timing_signal(
+            length + (3 if length == len(inputs) else 2), *rest)[-length:])
+        shifted = model(**batch).logits[0]
+    torch.testing.assert_close(padded, shifted, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(padded, unshifted, atol=1e-3)
+
+
+def test_position_offsets_train_the_universal_transformer_only(copy_data, tmp_path):
+    torch.manual_seed(0)
+    model = UniversalTransformerForSeq2SeqLM(tiny_config())
+    trainer = train_algorithmic(model, copy_data, tmp_path, 4, batch_size=8, logging_steps=2, position_offsets=5,
+                                use_cpu=True, disable_tqdm=True)
+    assert isinstance(trainer.data_collator, PositionOffsetCollator) and trainer.data_collator.max_offset == 5
+    assert len(logged(trainer.state.log_history, "loss")) == 2
+    with pytest.raises(ValueError, match="only the Universal Transformer"):
+        train_algorithmic(vanilla_transformer(tiny_config()), copy_data, tmp_path, 4, position_offsets=5)
+
+
+# ----- teacher-forced evaluation ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("architecture", ["universal-transformer", "transformer"])
+def test_teacher_forced_accuracy_counts_argmax_matches_of_every_target_position(architecture, trained):
+    if architecture == "universal-transformer":
+        model = trained.model
+    else:
+        torch.manual_seed(0)
+        model = vanilla_transformer(tiny_config())
+    dataset = algorithmic_dataset("copy", 11, 1, 9, seed=5)
+    correct = total = exact = 0
+    with torch.no_grad():
+        for row in dataset:  # one example at a time: no padding
+            labels = torch.tensor([row["labels"]])
+            predicted = model.eval()(input_ids=torch.tensor([row["input_ids"]]), labels=labels).logits.argmax(-1)
+            matches = int((predicted == labels).sum())  # the end-of-sequence id counts, as in tensor2tensor
+            correct, total, exact = correct + matches, total + labels.numel(), exact + (matches == labels.numel())
+    result = teacher_forced_accuracy(model, dataset, batch_size=4)
+    assert result == {"char_accuracy": pytest.approx(correct / total), "sequence_accuracy": exact / 11,
+                      "num_examples": 11}
+    if architecture == "universal-transformer":  # trained on copy: most next symbols at training lengths are right
+        assert teacher_forced_accuracy(model, algorithmic_dataset("copy", 20, 1, 5, seed=6))["char_accuracy"] > 0.6
 
 
 # ----- greedy evaluation --------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ def register(commands):
 
 def add_algorithmic_arguments(parser, train_length, test_length, max_steps):
     """The data, model-size and optimisation options of an algorithmic-task run (also used by
-    examples/ut_algorithmic.py, with its own defaults for the lengths and the step count)."""
+    reproductions/ut_algorithmic.py, with its own defaults for the lengths and the step count)."""
     parser.add_argument("--train-length", type=int, default=train_length,
                         help=f"longest training input (default {train_length})")
     parser.add_argument("--test-length", type=int, default=test_length,

@@ -49,6 +49,7 @@ __all__ = ["BetaScheduleCallback", "DECODER_LORA_TARGETS", "ENCODER_LORA_TARGETS
 __all__ += ["MTDNNCollator", "MTDNNTrainer", "MultiTaskBatchSampler", "MultiTaskDataset", "add_soft_labels",
             "load_glue_tsv", "load_mtdnn_json", "load_mtdnn_lora", "load_task_file", "mtdnn_lora", "teacher_soft_labels"]
 from .universal_transformer import (  # noqa: E402  Universal Transformer algorithmic tasks, halting map, LoRA
+    PositionOffsetCollator,
     UniversalTransformerTrainer,
     algorithmic_config,
     algorithmic_dataset,
@@ -57,10 +58,11 @@ from .universal_transformer import (  # noqa: E402  Universal Transformer algori
     halting_map,
     plot_halting_map,
     run_algorithmic,
+    teacher_forced_accuracy,
     train_algorithmic,
     universal_transformer_lora,
     vanilla_transformer,
 )
-__all__ += ["UniversalTransformerTrainer", "algorithmic_config", "algorithmic_dataset", "algorithmic_tokenizer",
-            "evaluate_algorithmic", "halting_map", "plot_halting_map", "run_algorithmic", "train_algorithmic",
-            "universal_transformer_lora", "vanilla_transformer"]
+__all__ += ["PositionOffsetCollator", "UniversalTransformerTrainer", "algorithmic_config", "algorithmic_dataset",
+            "algorithmic_tokenizer", "evaluate_algorithmic", "halting_map", "plot_halting_map", "run_algorithmic",
+            "teacher_forced_accuracy", "train_algorithmic", "universal_transformer_lora", "vanilla_transformer"]

@@ -179,21 +179,69 @@ class UniversalTransformerTrainer(TermLoggingTrainer):
         return (outputs.loss, outputs) if return_outputs else outputs.loss
 
 
-def train_algorithmic(model, train_dataset, output_dir, max_steps, batch_size=32, learning_rate=1e-3,
-                      warmup_steps=None, logging_steps=50, seed=0, callbacks=(), log_to_stderr=False,
-                      **training_kwargs):
+class PositionOffsetCollator:
+    """Seq2seq collator that shifts every training example to start at a random position, so that positions beyond
+    the training length are seen in training (the paper trains its Universal Transformers for the algorithmic tasks
+    with positions starting at randomized offsets, section 3.3; tensor2tensor's `position_start_index="random"`).
+
+    The shift is left padding: the Universal Transformer adds the position signal by slot index and masks padding
+    out of attention and ACT, so `k` pads in front put the example at positions `k, k+1, ...`. Encoder and decoder
+    each draw an offset per example, uniformly from `[0, max_offset)`. tensor2tensor instead draws one offset per
+    batch from `[0, batch length)` anew at every recurrent step, in evaluation too; that needs the model to take a
+    position offset, which it does not."""
+
+    def __init__(self, max_offset: int, seed: int = 0, pad_token_id: int = PAD_ID,
+                 decoder_start_token_id: int = PAD_ID):
+        if max_offset < 1:
+            raise ValueError(f"max_offset must be at least 1, got {max_offset}")
+        self.max_offset = max_offset
+        self.pad_token_id = pad_token_id
+        self.decoder_start_token_id = decoder_start_token_id
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        rows = {name: [] for name in ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask",
+                                      "labels")}
+        for feature in features:
+            inputs, labels = list(feature["input_ids"]), list(feature["labels"])
+            encoder_offset, decoder_offset = (int(k) for k in self.rng.integers(0, self.max_offset, size=2))
+            rows["input_ids"].append([self.pad_token_id] * encoder_offset + inputs)
+            rows["attention_mask"].append([0] * encoder_offset + [1] * len(inputs))
+            rows["decoder_input_ids"].append([self.pad_token_id] * decoder_offset + [self.decoder_start_token_id]
+                                             + labels[:-1])
+            rows["decoder_attention_mask"].append([0] * decoder_offset + [1] * len(labels))
+            rows["labels"].append([-100] * decoder_offset + labels)
+        padding = {"input_ids": self.pad_token_id, "decoder_input_ids": self.pad_token_id, "labels": -100}
+        return {name: torch.nn.utils.rnn.pad_sequence([torch.as_tensor(row) for row in values], batch_first=True,
+                                                      padding_value=padding.get(name, 0))
+                for name, values in rows.items()}
+
+
+def train_algorithmic(model: torch.nn.Module, train_dataset, output_dir, max_steps: int, batch_size: int = 32,
+                      learning_rate: float = 1e-3, warmup_steps: int | None = None, logging_steps: int = 50,
+                      seed: int = 0, callbacks=(), log_to_stderr: bool = False, position_offsets: int = 0,
+                      **training_kwargs) -> UniversalTransformerTrainer:
     """Train a seq2seq model (`UniversalTransformerForSeq2SeqLM`, the baseline, or a PEFT wrapper) on an
     `algorithmic_dataset` with `UniversalTransformerTrainer` (AdamW, linear warm-up over `warmup_steps`, default a
     tenth of the run, then linear decay). `output_dir` is the Trainer's working folder; the trained model stays in
-    memory. `log_to_stderr` writes the logs as JSON lines on stderr instead of stdout. Returns the trainer."""
+    memory. `log_to_stderr` writes the logs as JSON lines on stderr instead of stdout. `position_offsets` > 0 starts
+    every training example at a random position below it (`PositionOffsetCollator`; Universal Transformers only).
+    Returns the trainer."""
+    if position_offsets:
+        if getattr(model.config, "model_type", None) != UniversalTransformerConfig.model_type:
+            raise ValueError("position_offsets shifts positions by left padding, which only the Universal "
+                             f"Transformer counts as positions, not a {model.config.model_type!r} model")
+        collator = PositionOffsetCollator(position_offsets, seed=seed, pad_token_id=model.config.pad_token_id,
+                                          decoder_start_token_id=model.config.decoder_start_token_id)
+    else:
+        collator = DataCollatorForSeq2Seq(algorithmic_tokenizer())
     args = TrainingArguments(
         output_dir=str(output_dir), max_steps=max_steps, per_device_train_batch_size=batch_size,
         learning_rate=learning_rate, warmup_steps=max_steps // 10 if warmup_steps is None else warmup_steps,
         logging_steps=logging_steps, seed=seed, save_strategy="no", report_to=[],
         dataloader_pin_memory=torch.cuda.is_available(), **training_kwargs)
     trainer = UniversalTransformerTrainer(model=model, args=args, train_dataset=train_dataset,
-                                          data_collator=DataCollatorForSeq2Seq(algorithmic_tokenizer()),
-                                          callbacks=list(callbacks))
+                                          data_collator=collator, callbacks=list(callbacks))
     if log_to_stderr:
         send_logs_to_stderr(trainer)
     trainer.train()
@@ -243,9 +291,43 @@ def evaluate_algorithmic(model, dataset, batch_size=64):
     return load_metric("algorithmic_accuracy").compute(predictions=predictions, references=references)
 
 
+@torch.no_grad()
+def teacher_forced_accuracy(model: torch.nn.Module, dataset, batch_size: int = 64) -> dict:
+    """Char- and sequence-accuracy of the model's next-symbol predictions with the true targets fed to the decoder
+    (teacher forcing), as tensor2tensor evaluates (`utils/t2t_model.py` runs the model on the targets in EVAL mode
+    unless `eval_run_autoregressive`; `utils/metrics.py`'s `padded_accuracy` and `padded_sequence_accuracy` take the
+    argmax of those logits). As there, every target position counts, the end-of-sequence id included. Returns
+    `{"char_accuracy", "sequence_accuracy", "num_examples"}`."""
+    if len(dataset) == 0:
+        raise ValueError("teacher_forced_accuracy needs at least one example")
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    collator = DataCollatorForSeq2Seq(algorithmic_tokenizer())
+    input_ids, labels = dataset["input_ids"], dataset["labels"]
+    order = sorted(range(len(labels)), key=lambda i: len(labels[i]))  # batches of similar lengths pad little
+    correct = total = exact = 0
+    try:
+        for start in range(0, len(order), batch_size):
+            rows = order[start:start + batch_size]
+            batch = collator([{"input_ids": input_ids[i], "labels": labels[i]} for i in rows])
+            batch = {name: values.to(device) for name, values in batch.items()}
+            predictions = model(**batch).logits.argmax(dim=-1)
+            targets = batch["labels"] != -100
+            matches = (predictions == batch["labels"]) & targets
+            correct += int(matches.sum())
+            total += int(targets.sum())
+            exact += int((matches.sum(dim=1) == targets.sum(dim=1)).sum())
+    finally:
+        model.train(was_training)
+    return {"char_accuracy": correct / total, "sequence_accuracy": exact / len(dataset), "num_examples": len(dataset)}
+
+
 @dataclass
 class AlgorithmicRun:
-    """One model trained on a task and its accuracy at the training lengths and at longer ones."""
+    """One model trained on a task and its accuracy at the training lengths and at longer ones: greedy decoding
+    (`train_lengths`, `longer_lengths`) and teacher forcing (`teacher_forced_train_lengths`,
+    `teacher_forced_longer_lengths`)."""
 
     name: str
     model: torch.nn.Module
@@ -254,15 +336,19 @@ class AlgorithmicRun:
     train_seconds: float
     train_lengths: dict
     longer_lengths: dict
+    teacher_forced_train_lengths: dict
+    teacher_forced_longer_lengths: dict
     log_history: list
 
 
-def run_algorithmic(task, model, name, train_length=20, test_length=40, num_train=20000, num_test=200,
-                    max_steps=1500, batch_size=32, learning_rate=1e-3, seed=0, output_dir=None, eval_batch_size=64,
-                    log_to_stderr=False, **training_kwargs):
+def run_algorithmic(task: str, model: torch.nn.Module, name: str, train_length: int = 20, test_length: int = 40,
+                    num_train: int = 20000, num_test: int = 200, max_steps: int = 1500, batch_size: int = 32,
+                    learning_rate: float = 1e-3, seed: int = 0, output_dir=None, eval_batch_size: int = 64,
+                    log_to_stderr: bool = False, position_offsets: int = 0, **training_kwargs) -> AlgorithmicRun:
     """Train `model` on `task` with input lengths in [1, train_length] (addition: [3, train_length]) and evaluate it
-    with greedy decoding on `num_test` new examples at the training lengths and `num_test` at the longer lengths
-    (train_length, test_length]. Returns an `AlgorithmicRun`."""
+    with greedy decoding and with teacher forcing on `num_test` new examples at the training lengths and `num_test`
+    at the longer lengths (train_length, test_length]. `position_offsets` goes to `train_algorithmic`. Returns an
+    `AlgorithmicRun`."""
     import tempfile
     import time
 
@@ -278,13 +364,16 @@ def run_algorithmic(task, model, name, train_length=20, test_length=40, num_trai
     with tempfile.TemporaryDirectory() as scratch:
         trainer = train_algorithmic(model, train, output_dir or scratch, max_steps, batch_size=batch_size,
                                     learning_rate=learning_rate, seed=seed, log_to_stderr=log_to_stderr,
-                                    **training_kwargs)
+                                    position_offsets=position_offsets, **training_kwargs)
     train_seconds = time.perf_counter() - started
     return AlgorithmicRun(
         name=name, model=model, parameters=count_parameters(model),
         train_loss=trainer.state.log_history[-1].get("train_loss"), train_seconds=train_seconds,
         train_lengths=evaluate_algorithmic(model, same, eval_batch_size),
-        longer_lengths=evaluate_algorithmic(model, longer, eval_batch_size), log_history=trainer.state.log_history)
+        longer_lengths=evaluate_algorithmic(model, longer, eval_batch_size),
+        teacher_forced_train_lengths=teacher_forced_accuracy(model, same, eval_batch_size),
+        teacher_forced_longer_lengths=teacher_forced_accuracy(model, longer, eval_batch_size),
+        log_history=trainer.state.log_history)
 
 
 # ----- halting map --------------------------------------------------------------------------------------------------
@@ -400,8 +489,8 @@ def universal_transformer_lora(model, r=8, lora_alpha=16, lora_dropout=0.0, modu
         return get_peft_model(model, lora)
 
 
-__all__ = ["ATTENTION_LORA_TARGETS", "AlgorithmicRun", "HaltingRow", "SYMBOLS", "TASKS", "TRANSITION_LORA_TARGETS",
-           "UniversalTransformerTrainer", "algorithmic_config", "algorithmic_dataset", "algorithmic_examples",
-           "algorithmic_tokenizer", "count_parameters", "evaluate_algorithmic", "greedy_predictions", "halting_map",
-           "plot_halting_map", "run_algorithmic", "train_algorithmic", "universal_transformer_lora",
-           "vanilla_transformer"]
+__all__ = ["ATTENTION_LORA_TARGETS", "AlgorithmicRun", "HaltingRow", "PositionOffsetCollator", "SYMBOLS", "TASKS",
+           "TRANSITION_LORA_TARGETS", "UniversalTransformerTrainer", "algorithmic_config", "algorithmic_dataset",
+           "algorithmic_examples", "algorithmic_tokenizer", "count_parameters", "evaluate_algorithmic",
+           "greedy_predictions", "halting_map", "plot_halting_map", "run_algorithmic", "teacher_forced_accuracy",
+           "train_algorithmic", "universal_transformer_lora", "vanilla_transformer"]
