@@ -8,7 +8,7 @@ Corpus: the docstrings of Python's standard library (real English prose, cased, 
 every Python), one document per module; a tenth of the modules are held out for evaluation. Model: a small ERNIE
 (`Ernie2ForPreTraining`) trained from scratch with `continual_pretraining`, the package's staged Trainer.
 
-    python reproductions/ernie2_continual.py --output ernie2.json --plot ernie2.png     # about 5 minutes, 2 cores
+    python reproductions/ernie2_continual.py --output ernie2.json --plot ernie2.png     # about 7 minutes of CPU time, one thread
 """
 
 import inspect
