@@ -71,6 +71,27 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+def run_script(script, *args, monkeypatch, capsys):
+    """Run a stand-alone script (`benchmarks/`, `reproductions/`) in this process as `python SCRIPT ARGS` would, its
+    folder importable; a non-zero exit fails the test. transformers' verbosity, which the scripts lower, is restored.
+    Returns what it printed on stdout."""
+    import runpy
+    import sys
+
+    from transformers import logging as transformers_logging
+
+    monkeypatch.setattr(sys, "argv", [str(script), *map(str, args)])
+    monkeypatch.syspath_prepend(str(Path(script).parent))
+    verbosity = transformers_logging.get_verbosity()
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exit_info:
+        assert exit_info.code in (0, None), capsys.readouterr().out
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    return capsys.readouterr().out
+
+
 def run_torchrun(script, *args, timeout=300):
     """Run `script` under `torchrun --nproc_per_node 2` on a free loopback port and return each rank's JSON result
     (`<out>/rank{0,1}.json`, where `out` is the last argument). A hang (e.g. a DDP deadlock) becomes a timeout

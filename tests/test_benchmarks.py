@@ -3,13 +3,9 @@ The numbers of a quick run are not results; the scripts' own checks (equal greed
 still apply."""
 
 import re
-import runpy
-import sys
 
 import pytest
-from transformers import logging as transformers_logging
-
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, run_script
 
 BENCHMARKS = sorted((REPO_ROOT / "benchmarks").glob("bench_*.py"))
 RESULT_LINE = re.compile(r"^RESULT .+: \d+\.\d\dx \((target [<>]= [\d.]+x: (met|MISSED)|no target); ", re.MULTILINE)
@@ -24,15 +20,6 @@ def test_every_benchmark_is_found():
 
 @pytest.mark.parametrize("script", BENCHMARKS, ids=lambda path: path.stem)
 def test_quick_run(script, capsys, monkeypatch):
-    monkeypatch.setattr(sys, "argv", [str(script), "--quick", "--threads", "1"])
-    monkeypatch.syspath_prepend(str(script.parent))
-    verbosity = transformers_logging.get_verbosity()  # the scripts silence transformers' notices
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as exit_info:
-        assert exit_info.code in (0, None), capsys.readouterr().out
-    finally:
-        transformers_logging.set_verbosity(verbosity)
-    output = capsys.readouterr().out
+    output = run_script(script, "--quick", "--threads", 1, monkeypatch=monkeypatch, capsys=capsys)
     assert "QUICK smoke run" in output
     assert RESULT_LINE.search(output), output

@@ -3,12 +3,9 @@ JSON figures and its plot. The numbers of a quick run are not results; each scri
 
 import json
 import runpy
-import sys
 
 import pytest
-from transformers import logging as transformers_logging
-
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, run_script
 
 SCRIPTS = sorted(path for path in (REPO_ROOT / "reproductions").glob("*.py") if path.stem != "common")
 
@@ -19,17 +16,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_quick_run_writes_its_figures_and_plot(script, tmp_path, capsys, monkeypatch):
     pytest.importorskip("matplotlib")
     output, plot = tmp_path / "figures.json", tmp_path / "figure.png"
-    monkeypatch.setattr(sys, "argv", [str(script), "--quick", "--threads", "1", "--output", str(output),
-                                      "--plot", str(plot)])
-    monkeypatch.syspath_prepend(str(script.parent))
-    verbosity = transformers_logging.get_verbosity()  # the scripts silence transformers' notices
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as exit_info:
-        assert exit_info.code in (0, None), capsys.readouterr().out
-    finally:
-        transformers_logging.set_verbosity(verbosity)
-    printed = capsys.readouterr().out
+    printed = run_script(script, "--quick", "--threads", 1, "--output", output, "--plot", plot,
+                         monkeypatch=monkeypatch, capsys=capsys)
     assert "QUICK smoke run" in printed and "| " in printed
     figures = json.loads(output.read_text())
     assert figures["quick"] is True and figures["seconds"] > 0
