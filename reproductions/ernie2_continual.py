@@ -18,7 +18,6 @@ import tempfile
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 from common import finish, markdown_table, plotting, reproduction_parser, start
 from transformers import BertTokenizer, TrainingArguments
