@@ -13,13 +13,13 @@ import tempfile
 from pathlib import Path
 
 import torch
-
-from hf_ext.samples_ernie2 import BASE_CONFIG, random_weights, sample_vocab, write_static_release
 from timing import benchmark_parser, measure_rounds, report_conversion, setup
+
+from hf_ext.models.ernie2.samples import BASE_CONFIG, random_weights, sample_vocab, write_static_release
 
 BASELINE = ("import torch\nfrom safetensors.torch import save_file",
             "save_file(torch.load(sys.argv[1], weights_only=True), sys.argv[2])")
-CONVERSION = ("from hf_ext.cli import main\nimport hf_ext.conversion.ernie2",  # imports outside the clock
+CONVERSION = ("from hf_ext.cli import main\nimport hf_ext.models.ernie2.conversion",  # imports outside the clock
               "assert main(['convert', 'ernie2', sys.argv[1], sys.argv[2], '--overwrite']) == 0")
 QUICK_SIZES = {"num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 2, "vocab_size": 1000}
 

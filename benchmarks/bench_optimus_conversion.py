@@ -13,15 +13,15 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from timing import benchmark_parser, measure_rounds, report_conversion, setup
 
 from hf_ext import OptimusConfig
 from hf_ext.checkpoints import safe_torch_load
-from hf_ext.conversion.optimus import find_source
-from hf_ext.samples import random_model, tiny_config, write_original_checkpoint
-from timing import benchmark_parser, measure_rounds, report_conversion, setup
+from hf_ext.models.optimus.conversion import find_source
+from hf_ext.models.optimus.samples import random_model, tiny_config, write_original_checkpoint
 
 SOURCES = ("split", "full")
-CONVERSION = ("from hf_ext.conversion.optimus import convert_optimus_checkpoint",
+CONVERSION = ("from hf_ext.models.optimus.conversion import convert_optimus_checkpoint",
               "convert_optimus_checkpoint(sys.argv[1], sys.argv[2])")
 BASELINE = ("from bench_optimus_conversion import load_and_save", "load_and_save(sys.argv[1], sys.argv[2])")
 

@@ -8,6 +8,7 @@ The same command as `hf-ext convert ernie2`; see `--help`.
 import sys
 
 from hf_ext.cli import convert_main
+from hf_ext.models.ernie2 import conversion
 
 if __name__ == "__main__":
-    sys.exit(convert_main("ernie2"))
+    sys.exit(convert_main(conversion))

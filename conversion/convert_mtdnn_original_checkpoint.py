@@ -7,6 +7,7 @@ The same command as `hf-ext convert mtdnn`; see `--help`.
 import sys
 
 from hf_ext.cli import convert_main
+from hf_ext.models.mtdnn import conversion
 
 if __name__ == "__main__":
-    sys.exit(convert_main("mtdnn"))
+    sys.exit(convert_main(conversion))

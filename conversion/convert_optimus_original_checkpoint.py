@@ -7,6 +7,7 @@ The same command as `hf-ext convert optimus`; see `--help`.
 import sys
 
 from hf_ext.cli import convert_main
+from hf_ext.models.optimus import conversion
 
 if __name__ == "__main__":
-    sys.exit(convert_main("optimus"))
+    sys.exit(convert_main(conversion))

@@ -8,6 +8,7 @@ The same command as `hf-ext convert universal-transformer`; see `--help`.
 import sys
 
 from hf_ext.cli import convert_main
+from hf_ext.models.universal_transformer import conversion
 
 if __name__ == "__main__":
-    sys.exit(convert_main("universal-transformer"))
+    sys.exit(convert_main(conversion))

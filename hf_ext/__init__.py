@@ -1,44 +1,21 @@
 """hf-ext: research models as first-class Hugging Face transformers models.
 
-Importing the package registers every model with `AutoConfig`, the fitting `AutoModel*` classes and `AutoProcessor`.
+Importing the package registers every model with `AutoConfig`, the fitting `AutoModel*` classes and `AutoProcessor`,
+and makes each model's main classes available here (`hf_ext.OptimusModel`, ...): those its package lists in
+`TOP_LEVEL`.
 """
 
-from .models import ernie2, mtdnn, optimus, universal_transformer
-from .models.ernie2 import Ernie2ForPreTraining, Ernie2PreTrainingConfig
-from .models.mtdnn import MTDNNConfig, MTDNNForSequenceClassification, MTDNNModel
-from .models.optimus import (
-    OptimusConfig,
-    OptimusForSequenceClassification,
-    OptimusLatentSpace,
-    OptimusModel,
-    OptimusProcessor,
-)
-from .models.universal_transformer import (
-    UniversalTransformerConfig,
-    UniversalTransformerForSeq2SeqLM,
-    UniversalTransformerForSequenceClassification,
-    UniversalTransformerModel,
-)
+import importlib
 
-for _model in (optimus, universal_transformer, mtdnn, ernie2):
-    _model.register()
+from .models import MODELS
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Ernie2ForPreTraining",
-    "Ernie2PreTrainingConfig",
-    "MTDNNConfig",
-    "MTDNNForSequenceClassification",
-    "MTDNNModel",
-    "OptimusConfig",
-    "OptimusForSequenceClassification",
-    "OptimusLatentSpace",
-    "OptimusModel",
-    "OptimusProcessor",
-    "UniversalTransformerConfig",
-    "UniversalTransformerForSeq2SeqLM",
-    "UniversalTransformerForSequenceClassification",
-    "UniversalTransformerModel",
-    "__version__",
-]
+__all__ = ["MODELS", "__version__"]
+
+for _name in MODELS:
+    _package = importlib.import_module(f".models.{_name}", __name__)
+    _package.register()
+    for _symbol in _package.TOP_LEVEL:
+        globals()[_symbol] = getattr(_package, _symbol)
+    __all__ += _package.TOP_LEVEL

@@ -17,16 +17,18 @@ def _number(text: str, kind: type) -> float | int:
     return value
 
 
-def number_in(kind: type, low: float, high: float | None = None, low_open: bool = False,
+def number_in(kind: type, low: float, high: float | None = None, low_open: bool = False, high_open: bool = False,
               description: str | None = None) -> Callable[[str], float | int]:
-    """A validator for `kind` values (int or float) in [low, high], or (low, high] with `low_open`; `high=None` is
-    unbounded."""
-    bounds = description or (f"{'>' if low_open else '>='} {low:g}" if high is None
-                             else f"in {'(' if low_open else '['}{low:g}, {high:g}]")
+    """A validator for `kind` values (int or float) in [low, high]; `low_open`/`high_open` leave an end out;
+    `high=None` is unbounded."""
+    bounds = description or (f"at least {low:g}" if high is None and kind is int and not low_open
+                             else f"{'>' if low_open else '>='} {low:g}" if high is None
+                             else f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}")
 
     def parse(text: str) -> float | int:
         value = _number(text, kind)
-        if (value <= low if low_open else value < low) or (high is not None and value > high):
+        if (value <= low if low_open else value < low) or (
+                high is not None and (value >= high if high_open else value > high)):
             raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
         return value
 
@@ -37,4 +39,6 @@ def number_in(kind: type, low: float, high: float | None = None, low_open: bool 
 positive_int = number_in(int, 1, description="at least 1")
 positive_float = number_in(float, 0, low_open=True, description="> 0")
 nonnegative_float = number_in(float, 0)
+nonnegative_int = number_in(int, 0)
 probability = number_in(float, 0, 1, low_open=True)
+fraction = number_in(float, 0, 1, high_open=True)  # [0, 1): a share of the steps, a dropout rate

@@ -7,17 +7,15 @@ line on stderr and a non-zero exit; set HF_EXT_DEBUG=1 for the traceback.
 import argparse
 import contextlib
 import importlib
+import logging as pylogging
 import os
 import signal
 import sys
 import threading
+from types import ModuleType
 
-from .conversion import CONVERTERS
 from .errors import HfExtError, one_line
-
-COMMAND_GROUPS = ("hf_ext.commands.optimus", "hf_ext.commands.demo", "hf_ext.commands.mtdnn",
-                  "hf_ext.commands.ernie2",
-                  "hf_ext.commands.universal_transformer")  # modules with register(subparsers)
+from .models import MODELS
 
 
 class Parser(argparse.ArgumentParser):
@@ -36,13 +34,7 @@ def build_parser(prog="hf-ext"):
     convert = commands.add_parser("convert", help="convert an original checkpoint into a transformers folder",
                                   description="Convert an original research checkpoint into a model folder that "
                                   "loads with AutoModel.from_pretrained (written atomically).")
-    models = convert.add_subparsers(dest="model", required=True, metavar="MODEL")
-    for name, (module_name, summary) in CONVERTERS.items():
-        sub = models.add_parser(name, help=summary, description=f"Convert {summary}.")
-        module = importlib.import_module(module_name)
-        module.add_arguments(sub)
-        sub.set_defaults(handler=module.run)
-
+    converters = convert.add_subparsers(dest="converter", required=True, metavar="MODEL")
     push = commands.add_parser("push", help="upload a model folder to the Hub as one commit",
                                description="Create REPO_ID if needed and upload DIR to it as a single commit.")
     push.add_argument("dir", help="model folder (as written by hf-ext convert or save_pretrained)")
@@ -53,9 +45,18 @@ def build_parser(prog="hf-ext"):
     push.add_argument("--token", help="Hub token (default: the logged-in one)")
     push.set_defaults(handler=_run_push)
 
-    for module_name in COMMAND_GROUPS:
-        importlib.import_module(module_name).register(commands)
+    for name in MODELS:  # each model adds its converter and its own commands
+        importlib.import_module(f"hf_ext.models.{name}.commands").register(commands, converters)
     return parser
+
+
+def add_converter(converters: argparse._SubParsersAction, conversion: ModuleType) -> None:
+    """`hf-ext convert NAME` for a model's conversion module: its `CONVERT_NAME` and `CONVERT_SUMMARY`, its options
+    (`add_arguments(parser)`) and its work (`run(args)`)."""
+    parser = converters.add_parser(conversion.CONVERT_NAME, help=conversion.CONVERT_SUMMARY,
+                                   description=f"Convert {conversion.CONVERT_SUMMARY}.")
+    conversion.add_arguments(parser)
+    parser.set_defaults(handler=conversion.run)
 
 
 def _run_push(args):
@@ -82,20 +83,20 @@ def _checked_argv(parser, argv):
     return argv
 
 
-def convert_main(model, argv=None, prog=None):
-    """Entry point of a `conversion/` script: `hf-ext convert MODEL` under its own name."""
-    module_name, summary = CONVERTERS[model]
-    module = importlib.import_module(module_name)
-    parser = Parser(prog=prog, description=f"Convert {summary} (same as `hf-ext convert {model}`).")
-    module.add_arguments(parser)
-    parser.set_defaults(handler=module.run)
+def convert_main(conversion: ModuleType, argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Entry point of a `conversion/` script: `hf-ext convert NAME` of a model's conversion module, under the
+    script's own name."""
+    parser = Parser(prog=prog, description=f"Convert {conversion.CONVERT_SUMMARY} (same as `hf-ext convert "
+                    f"{conversion.CONVERT_NAME}`).")
+    conversion.add_arguments(parser)
+    parser.set_defaults(handler=conversion.run)
     return execute(parser.parse_args(_checked_argv(parser, argv)), parser.prog)
 
 
 def needs_the_hub(args) -> bool:
-    """Whether a command may reach the Hub: `push`, or a model argument that is no local path (a repo id). Every
-    other command reads and writes local files only, so it runs with the Hub switched off."""
-    if getattr(args, "command", None) == "push":
+    """Whether a command may reach the Hub: `push`, `--push-to-hub`, or a model argument that is no local path (a
+    repo id). Every other command reads and writes local files only, so it runs with the Hub switched off."""
+    if getattr(args, "command", None) == "push" or getattr(args, "push_to_hub", None):
         return True
     models = [getattr(args, "model", None), *(getattr(args, "teacher", None) or [])]
     return any(isinstance(name, str) and not os.path.exists(name) for name in models)
@@ -162,10 +163,28 @@ def _fail(prog, message, code=1):
 
 
 def _quiet_libraries():
+    """transformers' notices off (a command reports what matters itself); hf-ext's own log lines on stderr."""
     from transformers.utils import logging
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
+    hf_ext_logger = logging.get_logger("hf_ext")
+    if not any(isinstance(handler, StderrLines) for handler in hf_ext_logger.handlers):
+        hf_ext_logger.addHandler(StderrLines())
+    hf_ext_logger.setLevel(pylogging.INFO)
+    hf_ext_logger.propagate = False
+
+
+class StderrLines(pylogging.Handler):
+    """hf-ext's log records as lines on stderr: progress as it is, warnings prefixed. `sys.stderr` is looked up at
+    each record (so that redirections and pytest's capture apply), and each line goes out in one write, so that a
+    Ctrl-C cannot leave a line unfinished for the error message to be glued to."""
+
+    def emit(self, record: pylogging.LogRecord) -> None:
+        message = record.getMessage()
+        if record.levelno >= pylogging.WARNING:
+            message = f"{record.levelname.lower()}: {message}"
+        sys.stderr.write(f"{message}\n")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
 """Writing a converted model folder that loads with `from_pretrained`, locally or from the Hub as remote code."""
 
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -12,13 +11,6 @@ from transformers.dynamic_module_utils import custom_object_save
 from transformers.initialization import no_init_weights
 
 from .errors import HfExtError
-
-
-def log(message):
-    """Progress of long work, on stderr so that stdout stays machine-readable. The line and its newline go out in
-    one write, so that a Ctrl-C cannot leave a line unfinished for the error message to be glued to."""
-    sys.stderr.write(f"{message}\n")
-    sys.stderr.flush()
 
 
 def empty_model(model_class, config):

@@ -5,30 +5,30 @@ import hashlib
 import shutil
 import sys
 from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
 
 from huggingface_hub import HfApi, ModelCard, ModelCardData, constants
 from huggingface_hub.errors import HfHubHTTPError
+from transformers.utils import logging
 
 from .errors import HfExtError
-from .export import log
 
-CARD_DIRS = (
-    Path(__file__).resolve().parent.parent / "model_cards",  # a source checkout
-    Path(sys.prefix) / "share" / "hf-ext" / "model_cards",  # an installed wheel (setup.cfg data_files)
-)
+logger = logging.get_logger(__name__)
 
 
-def model_card_template(name):
-    for folder in CARD_DIRS:
-        if (folder / f"{name}.md").is_file():
-            return folder / f"{name}.md"
-    raise HfExtError(f"no model card template {name}.md in {', '.join(str(d) for d in CARD_DIRS)}")
+def model_card_template(name: str) -> str:
+    """The text of the model card template `model_cards/<name>.md`, package data of hf-ext (`hf_ext/model_cards` is
+    a link to the repository's top-level `model_cards/`, whose files the wheel ships)."""
+    template = resources.files("hf_ext").joinpath("model_cards", f"{name}.md")
+    if not template.is_file():
+        raise HfExtError(f"hf-ext ships no model card template named {name}.md")
+    return template.read_text(encoding="utf-8")
 
 
-def write_model_card(folder, template_name, card_data, **context):
+def write_model_card(folder: str | Path, template_name: str, card_data: ModelCardData, **context) -> ModelCard:
     """Render `model_cards/<template_name>.md` with `card_data` (a `ModelCardData`) into `folder/README.md`."""
-    card = ModelCard.from_template(card_data, template_path=str(model_card_template(template_name)), **context)
+    card = ModelCard.from_template(card_data, template_str=model_card_template(template_name), **context)
     card.save(Path(folder) / "README.md")
     return card
 
@@ -48,15 +48,15 @@ def push_folder(folder, repo_id, token=None, private=False, revision=None, commi
     size = sum(p.stat().st_size for p in files)
     api = HfApi(endpoint=endpoint, token=token)
     try:
-        log(f"creating {repo_id} (if needed)")
+        logger.info(f"creating {repo_id} (if needed)")
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        log(f"uploading {len(files)} files ({size / 2**20:.1f} MiB) from {folder} to {repo_id}")
+        logger.info(f"uploading {len(files)} files ({size / 2**20:.1f} MiB) from {folder} to {repo_id}")
         info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model", revision=revision,
                                  commit_message=commit_message or f"Upload {folder.name} with hf-ext")
     except HfHubHTTPError as error:
         raise HfExtError(f"push to {repo_id} failed: {str(error).splitlines()[0]}") from None
     url = getattr(info, "commit_url", None) or str(info)
-    log(f"pushed: {url}")
+    logger.info(f"pushed: {url}")
     return url
 
 

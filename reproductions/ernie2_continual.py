@@ -11,8 +11,8 @@ every Python), one document per module; a tenth of the modules are held out for 
     python reproductions/ernie2_continual.py --output ernie2.json --plot ernie2.png     # about 7 minutes of CPU time, one thread
 """
 
-import inspect
 import importlib
+import inspect
 import re
 import tempfile
 import warnings
@@ -23,9 +23,9 @@ from common import finish, markdown_table, plotting, reproduction_parser, start
 from transformers import BertTokenizer, TrainingArguments
 
 from hf_ext.models.ernie2 import Ernie2ForPreTraining, Ernie2PreTrainingConfig
-from hf_ext.samples import train_bert_vocab
-from hf_ext.training.ernie2 import PAPER_SCHEDULE, ContinualSchedule, continual_pretraining
-from hf_ext.training.ernie2_data import Ernie2DataBuilder, Ernie2PreTrainingCollator, documents_from_records
+from hf_ext.models.ernie2.data import Ernie2DataBuilder, Ernie2PreTrainingCollator, documents_from_records
+from hf_ext.models.ernie2.training import PAPER_SCHEDULE, ContinualSchedule, continual_pretraining
+from hf_ext.sample_text import train_bert_vocab
 
 RESULT_KEYS = ["corpus", "schemes", "tasks", "held_out_loss", "forgetting"]
 

@@ -24,9 +24,15 @@ from common import finish, markdown_table, plotting, reproduction_parser, start
 from transformers import BertConfig, BertTokenizer, TrainingArguments
 
 from hf_ext.models.mtdnn import MTDNNConfig, MTDNNModel
-from hf_ext.samples import train_bert_vocab
-from hf_ext.training import MTDNNTrainer, add_soft_labels, load_glue_tsv, send_logs_to_stderr, teacher_soft_labels
-from hf_ext.training.mtdnn import evaluate_task
+from hf_ext.models.mtdnn.training import (
+    MTDNNTrainer,
+    add_soft_labels,
+    evaluate_task,
+    load_glue_tsv,
+    teacher_soft_labels,
+)
+from hf_ext.sample_text import train_bert_vocab
+from hf_ext.trainer import send_logs_to_stderr
 
 RESULT_KEYS = ["tasks", "single_task", "multi_task", "multi_task_fine_tuned", "distillation", "paper"]
 

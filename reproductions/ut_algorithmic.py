@@ -1,6 +1,6 @@
 """Universal Transformer, algorithmic tasks (Dehghani et al., ICLR 2019, section 3.3 and Table 4): copy, reverse and
 addition over decimal digits. A Universal Transformer with ACT and the same-size vanilla Transformer
-(`hf_ext.training.vanilla_transformer`, as many layers as the Universal Transformer's most steps) train on the same
+(`hf_ext.models.universal_transformer.training.vanilla_transformer`, as many layers as the Universal Transformer's most steps) train on the same
 short inputs; both are tested on new inputs at the training lengths and at longer ones.
 
 Two measurements of char- and sequence-accuracy:
@@ -25,11 +25,16 @@ the sizes of tensor2tensor's `universal_transformer_small`, ACT up to 12 steps a
 """
 
 import torch
-
 from common import finish, markdown_table, plotting, reproduction_parser, start
+
 from hf_ext import UniversalTransformerForSeq2SeqLM
-from hf_ext.commands.universal_transformer import add_algorithmic_arguments
-from hf_ext.training.universal_transformer import TASKS, algorithmic_config, run_algorithmic, vanilla_transformer
+from hf_ext.models.universal_transformer.commands import add_algorithmic_arguments
+from hf_ext.models.universal_transformer.training import (
+    TASKS,
+    algorithmic_config,
+    run_algorithmic,
+    vanilla_transformer,
+)
 
 RESULT_KEYS = ["settings", "paper_table_4", "runs"]
 MODELS = ("universal_transformer", "transformer")

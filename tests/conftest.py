@@ -93,7 +93,7 @@ def run_script(script, *args, monkeypatch, capsys):
 
 
 def run_torchrun(script, *args, timeout=300):
-    """Run `script` under `torchrun --nproc_per_node 2` on a free loopback port and return each rank's JSON result
+    """Run `script` (a path under tests/) under `torchrun --nproc_per_node 2` on a free loopback port and return each rank's JSON result
     (`<out>/rank{0,1}.json`, where `out` is the last argument). A hang (e.g. a DDP deadlock) becomes a timeout
     failure; the completed process is returned too, for its stderr."""
     import json
@@ -107,8 +107,18 @@ def run_torchrun(script, *args, timeout=300):
         port = sock.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-                          "127.0.0.1", "--master_port", str(port), str(Path(__file__).with_name(script)),
+                          "127.0.0.1", "--master_port", str(port), str(Path(__file__).parent / script),
                           *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout)
     assert run.returncode == 0, run.stderr[-3000:]
     out = Path(args[-1])
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)], run
+
+
+def cli_exit_code(argv: list) -> int:
+    """`hf-ext ARGV` run in-process: the exit code, also of an argparse usage error (which raises SystemExit)."""
+    from hf_ext.cli import main
+
+    try:
+        return main([str(argument) for argument in argv])
+    except SystemExit as usage_error:
+        return usage_error.code

@@ -272,7 +272,7 @@ ERNIE_CASES = {
 
 def mtdnn_checkpoint(tmp, change_state=None, **options):
     """The fixture's checkpoint with the task definitions left out (converted with --task-def) and `options`."""
-    from hf_ext.conversion.mtdnn import read_checkpoint
+    from hf_ext.models.mtdnn.conversion import read_checkpoint
 
     state, opt = read_checkpoint(MTDNN / "model_0.pt")
     opt = {key: value for key, value in opt.items() if key != "task_def_list"} | options
@@ -389,8 +389,8 @@ OUTPUT_CASES = {
 
 @pytest.fixture(scope="module")
 def optimus_folder(tmp_path_factory):
-    from hf_ext.conversion.optimus import convert_optimus_checkpoint
-    from hf_ext.samples import write_sample_checkpoint
+    from hf_ext.models.optimus.conversion import convert_optimus_checkpoint
+    from hf_ext.models.optimus.samples import write_sample_checkpoint
 
     root = tmp_path_factory.mktemp("bad_input_optimus")
     write_sample_checkpoint(root / "original", seed=7, latent_size=5, hidden_size=32)
@@ -401,7 +401,7 @@ def optimus_folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ut_folder(tmp_path_factory):
     from hf_ext.models.universal_transformer import UniversalTransformerForSeq2SeqLM
-    from hf_ext.training.universal_transformer import algorithmic_config, algorithmic_tokenizer
+    from hf_ext.models.universal_transformer.training import algorithmic_config, algorithmic_tokenizer
 
     folder = tmp_path_factory.mktemp("bad_input_ut") / "model"
     torch.manual_seed(0)
@@ -412,7 +412,7 @@ def ut_folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ernie_folder(tmp_path_factory):
-    from hf_ext.conversion.ernie2 import convert_ernie2_checkpoint
+    from hf_ext.models.ernie2.conversion import convert_ernie2_checkpoint
 
     folder = tmp_path_factory.mktemp("bad_input_ernie") / "converted"
     convert_ernie2_checkpoint(ERNIE_STATIC, folder)
@@ -433,7 +433,8 @@ COMMAND_CASES = {
     "tokens beyond the decoder's positions": (
         lambda tmp, m: ["optimus", "reconstruct", m["optimus"], "a dog", "--max-new-tokens", "500"], 1,
         "exceeds what the decoder's 64 positions allow"),
-    "zero samples": (lambda tmp, m: ["optimus", "sample", m["optimus"], "--num", "0"], 1, "--num must be at least 1"),
+    "zero samples": (lambda tmp, m: ["optimus", "sample", m["optimus"], "--num", "0"], 2,
+                     "argument --num: must be at least 1"),
     "infinite beta": (lambda tmp, m: ["optimus", "train", m["optimus"], "--train-file", tmp / "t.txt",
                                       "--output-dir", tmp / "out", "--beta", "inf"], 2, "--beta: expected a finite"),
     "negative beta": (lambda tmp, m: ["optimus", "train", m["optimus"], "--train-file", tmp / "t.txt",
@@ -464,8 +465,8 @@ COMMAND_CASES = {
     "ernie export of a missing folder": (lambda tmp, m: ["ernie2", "export", tmp / "nothing", tmp / "out"], 1,
                                          "cannot load a model config"),
     "mtdnn train with a bad warmup": (lambda tmp, m: ["mtdnn", "train", m["optimus"], "--train", "a=b.tsv",
-                                                      "--output-dir", tmp / "out", "--warmup", "2"], 1,
-                                      "--warmup must be in [0, 1)"),
+                                                      "--output-dir", tmp / "out", "--warmup", "2"], 2,
+                                      "argument --warmup: must be in [0, 1)"),
 }
 
 CASES = [pytest.param(build, code, message, id=f"{group}: {name}")
@@ -539,14 +540,14 @@ def test_the_table_covers_at_least_sixty_cases():
 
 SLOW_WRITER = """
 import argparse, sys, time
+from transformers.utils import logging
 from hf_ext.cli import execute
-from hf_ext.export import log
 from hf_ext.output import atomic_output_dir
 
 def write_slowly(args):
     with atomic_output_dir(args.out) as staging:
         (staging / "model.safetensors").write_bytes(bytes(1 << 20))
-        log('{"step": 1, "loss": 2.5}')
+        logging.get_logger("hf_ext.slow_writer").info('{"step": 1, "loss": 2.5}')
         print("ready", flush=True)
         time.sleep(120)
 

@@ -4,7 +4,7 @@ processes); the trainers' own tests check the logged values in real runs, torchr
 import pytest
 import torch
 
-from hf_ext.training import TermMeans
+from hf_ext.trainer import TermMeans
 
 
 class SumOverTwoProcesses:

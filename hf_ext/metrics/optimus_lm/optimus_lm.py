@@ -1,7 +1,7 @@
 """Language-modelling metrics of a text VAE, as reported by Optimus (Li et al., EMNLP 2020), from per-example
 statistics: perplexity from the importance-weighted log-likelihood, -ELBO, KL, mutual information and active units.
 
-The statistics come from `hf_ext.metrics.optimus.optimus_lm_statistics` (any VAE can provide them). This script
+The statistics come from `hf_ext.models.optimus.metrics.optimus_lm_statistics` (any VAE can provide them). This script
 imports only evaluate, datasets and numpy so that `evaluate.load(path)` works offline.
 """
 

@@ -1,7 +1,6 @@
 """MT-DNN: multi-task BERT with linear and SAN heads (Liu et al., ACL 2019)."""
 
-from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
-
+from ...registration import auto_map, register_auto_classes
 from .configuration_mtdnn import MTDNNConfig
 from .modeling_mtdnn import (
     MTDNNForSequenceClassification,
@@ -13,22 +12,15 @@ from .modeling_mtdnn import (
     task_loss,
 )
 
-AUTO_MAP = {
-    "AutoConfig": "configuration_mtdnn.MTDNNConfig",
-    "AutoModel": "modeling_mtdnn.MTDNNModel",
-    "AutoModelForSequenceClassification": "modeling_mtdnn.MTDNNForSequenceClassification",
-}
+AUTO_CLASSES = {"AutoModel": MTDNNModel, "AutoModelForSequenceClassification": MTDNNForSequenceClassification}
+AUTO_MAP = auto_map(MTDNNConfig, AUTO_CLASSES)
+
+TOP_LEVEL = ["MTDNNConfig", "MTDNNForSequenceClassification", "MTDNNModel"]  # re-exported by hf_ext
+
+def register() -> None:
+    """Register the model with transformers' Auto classes (done by `import hf_ext`)."""
+    register_auto_classes(MTDNNConfig, AUTO_CLASSES)
 
 
-def register():
-    AutoConfig.register(MTDNNConfig.model_type, MTDNNConfig, exist_ok=True)
-    AutoModel.register(MTDNNConfig, MTDNNModel, exist_ok=True)
-    AutoModelForSequenceClassification.register(MTDNNConfig, MTDNNForSequenceClassification, exist_ok=True)
-    # saved folders carry the code and auto_map, so they load with trust_remote_code where hf_ext is not installed
-    MTDNNConfig.register_for_auto_class()
-    MTDNNModel.register_for_auto_class("AutoModel")
-    MTDNNForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
-
-
-__all__ = ["AUTO_MAP", "MTDNNConfig", "MTDNNForSequenceClassification", "MTDNNModel", "MTDNNOutput",
+__all__ = ["AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "MTDNNConfig", "MTDNNForSequenceClassification", "MTDNNModel", "MTDNNOutput",
            "MTDNNPreTrainedModel", "MTDNNSANStates", "premise_hypothesis_masks", "register", "task_loss"]

@@ -1,8 +1,8 @@
 """Optimus: BERT encoder -> Gaussian latent -> GPT-2 decoder (Li et al., EMNLP 2020)."""
 
-from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoProcessor
-
+from ...registration import auto_map, register_auto_classes
 from .configuration_optimus import OptimusConfig
+from .latent_space import OptimusLatentSpace
 from .modeling_optimus import (
     OptimusForSequenceClassification,
     OptimusModel,
@@ -12,28 +12,22 @@ from .modeling_optimus import (
     kl_per_dimension,
     reconstruction_loss,
 )
-from .latent_space import OptimusLatentSpace
 from .processing_optimus import OptimusProcessor
 
-AUTO_MAP = {
-    "AutoConfig": "configuration_optimus.OptimusConfig",
-    "AutoModel": "modeling_optimus.OptimusModel",
-    "AutoModelForSequenceClassification": "modeling_optimus.OptimusForSequenceClassification",
+AUTO_CLASSES = {
+    "AutoModel": OptimusModel,
+    "AutoModelForSequenceClassification": OptimusForSequenceClassification,
+    "AutoProcessor": OptimusProcessor,
 }
+AUTO_MAP = auto_map(OptimusConfig, AUTO_CLASSES)
+
+TOP_LEVEL = ["OptimusConfig", "OptimusForSequenceClassification", "OptimusLatentSpace", "OptimusModel", "OptimusProcessor"]  # re-exported by hf_ext
+
+def register() -> None:
+    """Register the model with transformers' Auto classes (done by `import hf_ext`)."""
+    register_auto_classes(OptimusConfig, AUTO_CLASSES)
 
 
-def register():
-    AutoConfig.register(OptimusConfig.model_type, OptimusConfig, exist_ok=True)
-    AutoModel.register(OptimusConfig, OptimusModel, exist_ok=True)
-    AutoModelForSequenceClassification.register(OptimusConfig, OptimusForSequenceClassification, exist_ok=True)
-    AutoProcessor.register(OptimusConfig, OptimusProcessor, exist_ok=True)
-    # saved folders carry the code and auto_map, so they load with trust_remote_code where hf_ext is not installed
-    OptimusConfig.register_for_auto_class()
-    OptimusModel.register_for_auto_class("AutoModel")
-    OptimusForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
-    OptimusProcessor.register_for_auto_class("AutoProcessor")
-
-
-__all__ = ["AUTO_MAP", "OptimusConfig", "OptimusForSequenceClassification", "OptimusLatentSpace", "OptimusModel", "OptimusOutput",
+__all__ = ["AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "OptimusConfig", "OptimusForSequenceClassification", "OptimusLatentSpace", "OptimusModel", "OptimusOutput",
            "OptimusPreTrainedModel", "OptimusProcessor", "kl_divergence", "kl_per_dimension", "reconstruction_loss",
            "register"]

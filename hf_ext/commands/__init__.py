@@ -1,1 +1,0 @@
-"""Command groups of the `hf-ext` CLI, one module per model, each with `register(subparsers)`."""

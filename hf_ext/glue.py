@@ -1,0 +1,223 @@
+"""GLUE's TSV files as `datasets`: each task's layout (where its fields are, its label names) and one reader, for
+any model that trains on GLUE (MT-DNN's multi-task training, ERNIE 2.0's fine-tuning).
+
+The layouts are those of namisan/mt-dnn's `experiments/glue/glue_utils.py` (HEAD 3228e7c) and GLUE's own files.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from transformers.utils import logging
+
+from .errors import HfExtError
+from .text_files import read_lines
+
+logger = logging.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class GlueLayout:
+    """Where a GLUE task's TSV files keep their fields (header names; test files lack the label column).
+
+    `labels` are the text labels in id order (the original's task definitions), `None` for integer class ids;
+    `num_labels` is 1 for a score; `headerless` names the columns of files without a header line (CoLA train/dev).
+    """
+
+    premise: str
+    hypothesis: str | None
+    label: str
+    labels: tuple | None = None
+    num_labels: int = 2
+    headerless: tuple | None = None
+
+
+GLUE_LAYOUTS = {
+    "cola": GlueLayout("sentence", None, "label", headerless=("source", "label", "author_label", "sentence")),
+    "sst2": GlueLayout("sentence", None, "label"),
+    "mrpc": GlueLayout("#1 String", "#2 String", "Quality"),
+    "stsb": GlueLayout("sentence1", "sentence2", "score", num_labels=1),
+    "qqp": GlueLayout("question1", "question2", "is_duplicate"),
+    "mnli": GlueLayout("sentence1", "sentence2", "gold_label", ("contradiction", "neutral", "entailment"), 3),
+    "qnli": GlueLayout("question", "sentence", "label", ("not_entailment", "entailment")),
+    "rte": GlueLayout("sentence1", "sentence2", "label", ("not_entailment", "entailment")),
+    "wnli": GlueLayout("sentence1", "sentence2", "label"),
+}
+# MT-DNN's task names (qnnli: QNLI as ranking) and GLUE's folder names
+GLUE_ALIASES = {"sst": "sst2", "sst-2": "sst2", "sts-b": "stsb", "qnnli": "qnli"}
+NO_GOLD_LABEL = "-"  # NLI rows whose annotators did not agree; the original skips them
+
+
+def glue_layout(name: str) -> GlueLayout:
+    """The TSV layout of a GLUE task by its name (GLUE's, MT-DNN's or the GLUE folder's, any case)."""
+    key = GLUE_ALIASES.get(name.lower(), name.lower())
+    if key not in GLUE_LAYOUTS:
+        raise HfExtError(f"no GLUE TSV layout named {name!r} (known: {', '.join(GLUE_LAYOUTS)})")
+    return GLUE_LAYOUTS[key]
+
+
+def glue_task(name: str) -> str:
+    """The GLUE task key (`sst2`, `mnli`, `stsb`, ...) of a task name in GLUE's, MT-DNN's or the GLUE folder's
+    spelling (`SST-2`, `sst`, `STS-B`, ...)."""
+    glue_layout(name)  # one clear error for an unknown name
+    return GLUE_ALIASES.get(name.lower(), name.lower())
+
+
+def glue_task_spec(name: str) -> dict:
+    """The task description `read_glue_tsv` takes, for a GLUE task read in its own layout."""
+    key = glue_task(name)
+    layout = GLUE_LAYOUTS[key]
+    return {"name": key, "type": "regression" if layout.num_labels == 1 else "classification",
+            "num_labels": layout.num_labels,
+            "data_format": "PremiseOnly" if layout.hypothesis is None else "PremiseAndOneHypothesis"}
+
+
+def _label_id(value, names, num_labels, where):
+    """A classification label: one of the label `names`, or a class id."""
+    if names and value in names:
+        return names.index(value)
+    try:
+        label = int(value)
+    except ValueError:
+        label = -1
+    if not 0 <= label < num_labels:
+        known = f"one of {', '.join(names)} or " if names else ""
+        raise HfExtError(f"{where}: label {value!r} is not {known}a class id below {num_labels}")
+    return label
+
+
+def read_glue_tsv(path: str | Path, spec: dict, tokenizer, max_length: int = 512, layout: str | None = None):
+    """A GLUE-format TSV file as a tokenized `datasets.Dataset` for one task.
+
+    Args:
+        path: the TSV file (GLUE's own layout for the task: CoLA train/dev without header, MNLI's matched and
+            mismatched files alike, test files without labels).
+        spec (`dict`): the task's description, as MT-DNN's configuration holds it: `name`, `type`
+            (`classification`, `regression` or `ranking`), `num_labels`, `data_format` (`PremiseOnly` or
+            `PremiseAndOneHypothesis`), optional `labels` (label names in id order) and `group_size` (ranking);
+            `glue_task_spec` gives the one of a GLUE task.
+        tokenizer: a BERT tokenizer; premise and hypothesis are encoded as one pair, truncated to `max_length`.
+        layout (`str`, *optional*): the GLUE task whose layout the file has; the task's name when unset.
+
+    Returns:
+        columns `input_ids`, `token_type_ids`, `attention_mask` and `labels` (class ids
+        in the order of the task's `labels`, or float scores) when the file has labels. A ranking task (group size
+        2) reads the pair rows of a QNLI-like layout as the original's QNLI ranking (see `_ranking_pairs`): each
+        row then holds the two candidates' token lists and the index of the positive one.
+    """
+    from datasets import Dataset
+
+    shape = glue_layout(layout or spec["name"])
+    if spec["type"] == "ranking":
+        if shape.hypothesis is None or shape.labels is None or spec["group_size"] != 2:
+            raise HfExtError(f"ranking task {spec['name']} reads GLUE TSV rows as the original's QNLI ranking does "
+                             "(pairs of candidates with entailment labels, group size 2); the layout "
+                             f"{layout or spec['name']} does not fit")
+    elif (shape.num_labels == 1) != (spec["type"] == "regression"):
+        raise HfExtError(f"task {spec['name']} is a {spec['type']} task but the GLUE layout "
+                         f"{layout or spec['name']} holds {'scores' if shape.num_labels == 1 else 'classes'}")
+    if spec["type"] == "classification" and spec["num_labels"] != shape.num_labels:
+        raise HfExtError(f"task {spec['name']} has {spec['num_labels']} classes but the GLUE layout "
+                         f"{layout or spec['name']} has {shape.num_labels}")
+    if spec["type"] != "ranking" and (shape.hypothesis is None) != (spec["data_format"] == "PremiseOnly"):
+        holds = "single sentences" if shape.hypothesis is None else "pairs"
+        raise HfExtError(f"task {spec['name']} reads {spec['data_format']} rows but the GLUE layout "
+                         f"{layout or spec['name']} holds {holds}")
+    lines = read_lines(path, "GLUE file")
+    if not any(line.strip() for line in lines):
+        raise HfExtError(f"GLUE file {path} is empty")
+    first = lines[0].split("\t")
+    if shape.premise in first:
+        header, start = first, 1
+    elif shape.headerless and len(first) == len(shape.headerless):
+        header, start = list(shape.headerless), 0
+    else:
+        raise HfExtError(f"{path} is not a GLUE {layout or spec['name']} TSV file: its first line has no "
+                         f"{shape.premise!r} column")
+    columns = {name: header.index(name) for name in (shape.premise, shape.hypothesis, shape.label) if name in header}
+    names = spec.get("labels") or list(shape.labels or ())
+    rows = {"premise": [], "hypothesis": [], "labels": []}
+    for number, line in enumerate(lines[start:], start + 1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != len(header):
+            raise HfExtError(f"{path}, line {number}: {len(fields)} tab-separated fields where the header has "
+                             f"{len(header)}")
+        if shape.label in columns:
+            value = fields[columns[shape.label]]
+            if value == NO_GOLD_LABEL and shape.labels:
+                continue
+            where = f"{path}, line {number}"
+            if spec["type"] == "ranking":
+                label = _label_id(value, list(shape.labels), len(shape.labels), where)
+            elif spec["type"] == "regression":
+                try:
+                    label = float(value)
+                except ValueError:
+                    raise HfExtError(f"{where}: score {value!r} is not a number") from None
+            else:
+                label = _label_id(value, names, spec["num_labels"], where)
+            rows["labels"].append(label)
+        rows["premise"].append(fields[columns[shape.premise]])
+        rows["hypothesis"].append(fields[columns[shape.hypothesis]] if shape.hypothesis else None)
+    if not rows["premise"]:
+        raise HfExtError(f"GLUE file {path} has no rows")
+    if shape.label not in columns:
+        del rows["labels"]
+    if shape.hypothesis is None:
+        del rows["hypothesis"]
+    if spec["type"] == "ranking":
+        return _ranking_pairs(rows, shape, tokenizer, max_length, path)
+
+    def encode(batch):
+        encoded = tokenizer(batch["premise"], batch.get("hypothesis"), truncation=True, max_length=max_length,
+                            return_token_type_ids=True, return_attention_mask=True)
+        return {"input_ids": encoded["input_ids"], "token_type_ids": encoded["token_type_ids"],
+                "attention_mask": encoded["attention_mask"]}
+
+    dataset = Dataset.from_dict(rows)
+    return dataset.map(encode, batched=True, remove_columns=[c for c in ("premise", "hypothesis") if c in rows])
+
+
+def _ranking_pairs(rows, shape, tokenizer, max_length, path, seed=0):
+    """GLUE pair rows as the original's QNLI ranking groups (`load_qnnli`): rows 2i and 2i+1 form a group when they
+    share the premise (question); with labels, the pair must hold one positive (the layout's last label) and one
+    negative, its order is shuffled (seeded here; the original shuffles training pairs), and the label is the
+    index of the positive candidate. Pairs that do not fit are skipped and counted, as the original does."""
+    from datasets import Dataset
+
+    rng = np.random.default_rng(seed)
+    labelled = "labels" in rows
+    positive = len(shape.labels) - 1
+    groups = {"input_ids": [], "token_type_ids": [], "attention_mask": [], "labels": []}
+    skipped = 0
+    for first in range(0, len(rows["premise"]) - 1, 2):
+        pair = [first, first + 1]
+        if rows["premise"][first] != rows["premise"][first + 1]:
+            skipped += 2
+            continue
+        if labelled:
+            if sorted(rows["labels"][i] == positive for i in pair) != [False, True]:
+                skipped += 2
+                continue
+            pair = [pair[i] for i in rng.permutation(2)]
+            groups["labels"].append(next(k for k, i in enumerate(pair) if rows["labels"][i] == positive))
+        encoded = tokenizer([rows["premise"][i] for i in pair], [rows["hypothesis"][i] for i in pair],
+                            truncation=True, max_length=max_length, return_token_type_ids=True,
+                            return_attention_mask=True)
+        for key in ("input_ids", "token_type_ids", "attention_mask"):
+            groups[key].append(encoded[key])
+    skipped += len(rows["premise"]) % 2
+    if not groups["input_ids"]:
+        raise HfExtError(f"GLUE file {path} has no pair of rows with one question and "
+                         + ("one positive and one negative candidate" if labelled else "two candidates"))
+    if skipped:
+        logger.warning(f"{path}: skipped {skipped} row(s) that do not pair into a ranking group (as the original's QNLI "
+            "ranking does)")
+    if not labelled:
+        del groups["labels"]
+    return Dataset.from_dict(groups)
+
+
+__all__ = ["GLUE_ALIASES", "GLUE_LAYOUTS", "GlueLayout", "glue_layout", "glue_task", "glue_task_spec", "read_glue_tsv"]

@@ -1,0 +1,240 @@
+"""`hf-ext mtdnn ...`: multi-task fine-tuning of MT-DNN models with the original's task mixing, per-task GLUE
+evaluation and best-checkpoint selection, LoRA, and distillation from teacher ensembles (MT-DNN-KD)."""
+
+import argparse
+
+from ...arguments import fraction, nonnegative_float, number_in, positive_float, positive_int
+from ...cli import add_converter
+from ...errors import require
+from . import conversion
+
+# the original train.py's defaults (--epochs, --batch_size, --learning_rate, --warmup, --global_grad_clipping, --seed,
+# --max_seq_len)
+DEFAULT_EPOCHS = 5
+DEFAULT_BATCH_SIZE = 8
+DEFAULT_LEARNING_RATE = 5e-5
+DEFAULT_WARMUP = 0.1
+DEFAULT_MAX_GRAD_NORM = 1.0
+DEFAULT_SEED = 2018
+DEFAULT_MAX_LENGTH = 512
+
+
+def register(commands: argparse._SubParsersAction, converters: argparse._SubParsersAction) -> None:
+    """`hf-ext convert mtdnn` and the `hf-ext mtdnn` commands."""
+    add_converter(converters, conversion)
+    group = commands.add_parser("mtdnn", help="MT-DNN multi-task training and distillation",
+                                description="Fine-tune an MT-DNN model on several tasks at once (a folder or a Hub "
+                                "repo id), or distil teacher models into it.")
+    tools = group.add_subparsers(dest="tool", required=True, metavar="TOOL")
+    parser = tools.add_parser("train", help="multi-task fine-tuning with the original's task mixing",
+                              description="Multi-task fine-tuning: every step trains one task's batch, tasks mixed as "
+                              "the original's sampler does; per-task GLUE metrics on the --eval data; saves the model "
+                              "(or the LoRA adapter with the heads) and the tokenizer.")
+    _add_training_arguments(parser)
+    parser.set_defaults(handler=_train)
+    parser = tools.add_parser("distill", help="train a student on hard labels plus the teachers' soft targets",
+                              description="Knowledge distillation (MT-DNN-KD): the soft target of every training row "
+                              "is the mean of the teachers' class probabilities; the student trains on the hard "
+                              "labels plus the distillation term. Otherwise as `train`.")
+    _add_training_arguments(parser)
+    parser.add_argument("--teacher", action="append", required=True, metavar="MODEL",
+                        help="teacher model folder or Hub repo id holding the trained tasks (repeat for an ensemble)")
+    parser.add_argument("--kd-loss", choices=("soft_ce", "mse"), default="soft_ce",
+                        help="distillation term: soft cross-entropy (the paper's, default) or the original's MSE "
+                        "between the head's output and the soft targets")
+    parser.add_argument("--kd-weight", type=positive_float, default=1.0,
+                        help="weight of the distillation term added to the task loss (default 1.0)")
+    parser.set_defaults(handler=_distill)
+
+
+def _add_training_arguments(parser):
+    parser.add_argument("model", help="MT-DNN model folder or Hub repo id; with --task-def, a BERT model")
+    parser.add_argument("--train", action="append", required=True, metavar="TASK=PATH",
+                        help="training data of a task: a GLUE .tsv file or the original's preprocessed .json lines "
+                        "(repeat per task; the first task is the main task of --mix-opt 1 and --ratio)")
+    parser.add_argument("--eval", action="append", default=[], metavar="TASK[:NAME]=PATH",
+                        help="evaluation data of a task, reported as eval_TASK[_NAME]_<metric> (repeat, e.g. "
+                        "mnli:matched=... and mnli:mismatched=...)")
+    parser.add_argument("--output-dir", required=True, help="folder for the trained model (written atomically)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
+    parser.add_argument("--task-def", help="the original's task-definition YAML: start from the BERT MODEL with new "
+                        "heads for the --train and --eval tasks")
+    parser.add_argument("--layout", action="append", default=[], metavar="TASK=GLUE_TASK",
+                        help="GLUE TSV layout of a task not named after a GLUE task (e.g. snli=mnli)")
+    parser.add_argument("--tokenizer", help="tokenizer folder or Hub repo id for .tsv data (default: MODEL's)")
+    parser.add_argument("--max-length", type=number_in(int, 2), default=DEFAULT_MAX_LENGTH,
+                        help=f"truncate tokenized .tsv rows to this many tokens (default {DEFAULT_MAX_LENGTH}, "
+                        "capped at the model's positions)")
+    parser.add_argument("--epochs", type=positive_float, default=DEFAULT_EPOCHS,
+                        help=f"training epochs (default {DEFAULT_EPOCHS})")
+    parser.add_argument("--max-steps", type=positive_int, help="optimizer steps (overrides --epochs)")
+    parser.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE,
+                        help=f"rows per training batch and process (default {DEFAULT_BATCH_SIZE})")
+    parser.add_argument("--eval-batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE,
+                        help=f"rows per evaluation batch (default {DEFAULT_BATCH_SIZE})")
+    parser.add_argument("--learning-rate", type=positive_float, default=DEFAULT_LEARNING_RATE,
+                        help=f"peak learning rate (default {DEFAULT_LEARNING_RATE})")
+    parser.add_argument("--optimizer", choices=("adamw", "adamax"), default="adamw",
+                        help="adamw (Trainer's, default) or adamax (the original's, as the paper trains)")
+    parser.add_argument("--warmup", type=fraction, default=DEFAULT_WARMUP,
+                        help=f"share of the steps warming the learning rate up (default {DEFAULT_WARMUP})")
+    parser.add_argument("--max-grad-norm", type=nonnegative_float, default=DEFAULT_MAX_GRAD_NORM,
+                        help=f"gradient clipping norm (default {DEFAULT_MAX_GRAD_NORM})")
+    parser.add_argument("--mix-opt", type=int, choices=(0, 1), default=0,
+                        help="0: shuffle all tasks' batches; 1: the other tasks first, the main task last")
+    parser.add_argument("--ratio", type=nonnegative_float, default=0.0,
+                        help="> 0: per epoch, all main-task batches plus this ratio of them drawn from the other "
+                        "tasks (default 0: every batch of every task)")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                        help=f"random seed of the task mixing and training (default {DEFAULT_SEED})")
+    parser.add_argument("--eval-steps", type=positive_int, help="evaluate every N steps (default: after each epoch)")
+    parser.add_argument("--metric-for-best-model", metavar="NAME",
+                        help="keep the checkpoint best on this evaluation metric, e.g. mnli_matched_accuracy or "
+                        "stsb_pearson (higher is better, lower for *_loss)")
+    parser.add_argument("--lora-r", type=positive_int, help="train LoRA adapters of this rank on the encoder instead of all "
+                        "weights; the heads are trained in full and saved with the adapter")
+    parser.add_argument("--lora-alpha", type=float, help="LoRA scaling numerator (default 2 x --lora-r)")
+    parser.add_argument("--lora-dropout", type=fraction, default=0.0, help="dropout on the LoRA path (default 0)")
+    parser.add_argument("--logging-steps", type=positive_int, default=50, help="steps per logged average (default 50)")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow a model folder's own code")
+
+
+
+def _pairs(values, option):
+    """`KEY=VALUE` arguments as (key, value) pairs."""
+    pairs = []
+    for value in values:
+        key, sep, rest = value.partition("=")
+        require(sep and key and rest, f"{option} takes KEY=VALUE, got {value!r}")
+        pairs.append((key, rest))
+    return pairs
+
+
+def _check_arguments(args):
+    require(args.lora_r is not None or (args.lora_alpha is None and not args.lora_dropout),
+             "--lora-alpha and --lora-dropout need --lora-r")
+    require(args.eval or not (args.metric_for_best_model or args.eval_steps),
+             "--metric-for-best-model and --eval-steps need --eval data")
+    train = _pairs(args.train, "--train")
+    names = [task for task, _ in train]
+    require(len(set(names)) == len(names), "--train names each task once")
+    evaluation = []
+    for key, path in _pairs(args.eval, "--eval"):
+        task, _, split = key.partition(":")
+        evaluation.append((task, f"{task}_{split}" if split else task, path))
+    eval_names = [name for _, name, _ in evaluation]
+    require(len(set(eval_names)) == len(eval_names), "--eval names each TASK[:NAME] once")
+    return train, evaluation, dict(_pairs(args.layout, "--layout"))
+
+
+def _load_model(args, tasks):
+    """The model to train: an MT-DNN model, or (--task-def) a BERT model with new heads for `tasks`."""
+    from transformers import AutoConfig, AutoModel
+
+    from ...errors import HfExtError, loading
+    from . import MTDNNConfig, MTDNNModel
+
+    trust = args.trust_remote_code or None
+    with loading("a model config", args.model):
+        config = AutoConfig.from_pretrained(args.model, trust_remote_code=trust)
+    if args.task_def is None:
+        require(config.model_type == MTDNNConfig.model_type, f"{args.model} holds a {config.model_type!r} model, "
+                 "not an MT-DNN model (pass --task-def to put new heads on a BERT encoder)")
+        with loading("a model", args.model):
+            return AutoModel.from_pretrained(args.model, trust_remote_code=trust)
+    require(config.model_type == "bert", f"--task-def puts new heads on a BERT encoder, but {args.model} holds a "
+             f"{config.model_type!r} model")
+    try:
+        mtdnn = MTDNNConfig.from_task_def_yaml(args.task_def, config, task_names=tasks)
+    except ValueError as error:
+        raise HfExtError(str(error)) from None
+    with loading("a model", args.model):
+        return MTDNNModel.from_pretrained(args.model, config=mtdnn)
+
+
+def _load_tokenizer(args):
+    from transformers import AutoTokenizer
+
+    from ...errors import HfExtError
+
+    source = args.tokenizer or args.model
+    try:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code or None)
+    except (OSError, ValueError):
+        hint = "" if args.tokenizer else " (pass --tokenizer)"
+        raise HfExtError(f".tsv data needs a tokenizer, none loads from {source}{hint}") from None
+
+
+def _load_teachers(args, tasks):
+    from transformers import AutoModel
+
+    from ...errors import loading
+
+    teachers = []
+    for source in args.teacher:
+        with loading("a teacher model", source):
+            teacher = AutoModel.from_pretrained(source, trust_remote_code=args.trust_remote_code or None)
+        missing = [task for task in tasks if task not in getattr(teacher.config, "task_names", [])]
+        require(not missing, f"teacher {source} has no task {', '.join(missing)}")
+        teachers.append(teacher)
+    return teachers
+
+
+def _train(args):
+    _run(args)
+
+
+def _distill(args):
+    _run(args, distill=True)
+
+
+def _run(args, distill=False):
+    from ...errors import HfExtError
+    from ...lora import add_lora
+    from ...output import check_output_dir
+    from ...trainer import print_summary, save_training_run, training_arguments, training_output
+    from .training import load_task_files, task_metric_names, train_mtdnn
+
+    train_files, eval_files, layouts = _check_arguments(args)
+    check_output_dir(args.output_dir, args.overwrite)
+    tasks = list(dict.fromkeys([task for task, _ in train_files] + [task for task, _, _ in eval_files]))
+    model = _load_model(args, tasks)
+    config = model.config
+    unknown = sorted(set(layouts) - set(tasks))
+    require(not unknown, f"--layout names task(s) {', '.join(unknown)} without --train or --eval data")
+    tokenizer = None
+    if any(path.lower().endswith(".tsv") for path in [p for _, p in train_files] + [p for _, _, p in eval_files]):
+        tokenizer = _load_tokenizer(args)
+    train, evaluation = load_task_files(config, train_files, eval_files, tokenizer,
+                                        min(args.max_length, config.encoder.max_position_embeddings), layouts)
+    try:
+        known = [f"{name}_{metric}" for task, name, _ in eval_files
+                 for metric in ["loss", *task_metric_names(config.task(task))]]
+    except ValueError as error:
+        raise HfExtError(str(error)) from None
+    require(args.metric_for_best_model in [None, *known], f"--metric-for-best-model {args.metric_for_best_model} "
+            f"is not an evaluation metric of this run ({', '.join(known)})")
+    teachers = _load_teachers(args, list(train)) if distill else ()
+    if args.lora_r:
+        model = add_lora(model, r=args.lora_r, lora_alpha=args.lora_alpha or 2 * args.lora_r,
+                         lora_dropout=args.lora_dropout)
+
+    strategy = ("steps" if args.eval_steps else "epoch") if evaluation else "no"
+    with training_output(args.output_dir, args.overwrite) as (staging, scratch):
+        training_args = training_arguments(
+            scratch, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
+            per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.eval_batch_size,
+            learning_rate=args.learning_rate, warmup_steps=args.warmup, max_grad_norm=args.max_grad_norm,
+            logging_steps=args.logging_steps, seed=args.seed, eval_strategy=strategy, eval_steps=args.eval_steps,
+            save_strategy=strategy if args.metric_for_best_model else "no", save_total_limit=1,
+            load_best_model_at_end=bool(args.metric_for_best_model), metric_for_best_model=args.metric_for_best_model,
+            disable_tqdm=True)
+        trainer = train_mtdnn(model, train, evaluation, training_args, teachers=teachers,
+                              teacher_batch_size=args.eval_batch_size, log_to_stderr=True, mix_opt=args.mix_opt,
+                              ratio=args.ratio, optimizer_name=args.optimizer,
+                              **({"kd_loss": args.kd_loss, "kd_weight": args.kd_weight} if distill else {}))
+        del teachers
+        metrics = trainer.evaluate() if evaluation else {}
+        save_training_run(staging, trainer, tokenizer, metrics, model=model)  # LoRA: the adapter and the heads
+    print_summary(args.output_dir, trainer, best_metric=trainer.state.best_metric,
+                  eval={key: value for key, value in metrics.items() if not key.endswith(("_runtime", "_per_second"))})

@@ -1,0 +1,482 @@
+"""Conversion of original MT-DNN checkpoints (namisan/mt-dnn `MTDNNModel.save`) into an `MTDNNModel` folder.
+
+The checkpoint is `torch.save({"state": network.state_dict(), "optimizer": ..., "config": opt})`, where `opt` holds
+train.py's options, the BERT config (flat) and `task_def_list`: pickled `experiments.exp_def.TaskDef` objects with the
+original's enums and `Vocabulary` label maps. It is read by torch's weights-only unpickler with those classes mapped
+to inert stand-ins (plain enums and attribute holders), so nothing in the pickle is executed.
+
+Task names are the `--train_datasets` prefixes (train.py's task ids follow their order); the task definitions come from
+the checkpoint or from the original's task-definition YAML (`--task-def`).
+"""
+
+import argparse
+import collections
+import enum
+import pickle
+import re
+from pathlib import Path
+
+import torch
+from huggingface_hub.errors import StrictDataclassError
+from transformers import AutoTokenizer, BertConfig
+from transformers.utils import logging
+
+from ...checkpoints import safe_torch_load
+from ...conversion import add_output_arguments, compare_with_reference, load_reference, print_parity
+from ...errors import HfExtError, one_line
+from ...export import file_record, write_model_folder
+from . import AUTO_MAP, MTDNNConfig, MTDNNModel
+
+logger = logging.get_logger(__name__)
+
+BERT_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                    "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
+                    "type_vocab_size", "initializer_range", "layer_norm_eps", "pad_token_id",
+                    "position_embedding_type")
+REQUIRED_BERT_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+# buffers and the BERT pooler: rebuilt by BertModel, or never read by the original (its heads have their own pooler)
+DROPPED_ENCODER_KEYS = re.compile(r"^bert\.(embeddings\.(position_ids|token_type_ids)|pooler\..*)$")
+HEAD_KEY = re.compile(r"^scoring_list\.(\d+)\.(.+)$")
+# original SANClassifier parameter -> MTDNNSANHead parameter
+SAN_KEYS = {"1.query_wsum.att.linear.": "hypothesis_attn.", "1.attn.score_func.linear.": "premise_attn.",
+            "1.rnn.": "rnn.", "1.classifier.proj.": "classifier."}
+LINEAR_KEYS = {"0.dense.": "dense.", "1.": "out_proj."}
+UNUSED_SAN_KEYS = re.compile(r"^(0\.dense\.(weight|bias)|1\.alpha)$")  # the SAN task's unread Pooler, a constant
+
+
+# Stand-ins for the original's enums (data_utils.task_def, data_utils.metrics, mt_dnn.loss at HEAD 3228e7c): the same
+# names and values, nothing else. Pickles refer to members by value (`TaskType(1)`) or, from some Python 3.11
+# releases, by name (`getattr(TaskType, "Classification")`).
+class OriginalTaskType(enum.IntEnum):
+    Classification = 1
+    Regression = 2
+    Ranking = 3
+    SpanClassification = 4
+    SpanClassificationYN = 5
+    SeqenceLabeling = 6
+    MaskLM = 7
+    SpanSeqenceLabeling = 8
+    SeqenceGeneration = 9
+    SeqenceGenerationMRC = 10
+    EncSeqenceGeneration = 11
+    ClozeChoice = 12
+
+
+class OriginalDataFormat(enum.IntEnum):
+    PremiseOnly = 1
+    PremiseAndOneHypothesis = 2
+    PremiseAndMultiHypothesis = 3
+    Seqence = 4
+    MLM = 5
+    CLUE_CLASSIFICATION = 6
+    CLUE_SPAN = 7
+    CLUE_SEQ = 8
+    CLUE_GEN = 9
+    ClozeChoice = 10
+
+
+class OriginalEncoderModelType(enum.IntEnum):
+    BERT = 1
+    ROBERTA = 2
+    XLNET = 3
+    SAN = 4
+    XLM = 5
+    DEBERTA = 6
+    ELECTRA = 7
+    T5 = 8
+    T5G = 9
+    MSRT5G = 10
+    MSRT5 = 11
+    MSRLONGT5G = 12
+    MSRLONGT5 = 13
+
+
+class OriginalMetric(enum.Enum):
+    ACC = 0
+    F1 = 1
+    MCC = 2
+    Pearson = 3
+    Spearman = 4
+    AUC = 5
+    SeqEval = 7
+    EmF1 = 8
+    F1MAC = 9
+    F1MIC = 10
+    CMAT = 11
+    EmF12 = 12
+    SeqEvalList = 13
+
+
+class OriginalLossCriterion(enum.IntEnum):
+    CeCriterion = 0
+    MseCriterion = 1
+    RankCeCriterion = 2
+    SpanCeCriterion = 3
+    SeqCeCriterion = 4
+    MlmCriterion = 5
+    KlCriterion = 6
+    SymKlCriterion = 7
+    NsKlCriterion = 8
+    NsSymKlCriterion = 9
+    JSCriterion = 10
+    HLCriterion = 11
+
+
+ORIGINAL_ENUMS = {
+    "data_utils.task_def.TaskType": OriginalTaskType,
+    "data_utils.task_def.DataFormat": OriginalDataFormat,
+    "data_utils.task_def.EncoderModelType": OriginalEncoderModelType,
+    "data_utils.metrics.Metric": OriginalMetric,
+    "mt_dnn.loss.LossCriterion": OriginalLossCriterion,
+}
+
+
+def original_enum_member(enum_class, name):
+    """Stand-in for `builtins.getattr` in the pickle: only looks up members of the enum stand-ins by name."""
+    if enum_class not in ORIGINAL_ENUMS.values():
+        raise pickle.UnpicklingError(f"GLOBAL builtins.getattr on {type(enum_class).__name__} (only enum members "
+                                     "of the original code are looked up)")
+    if name not in enum_class.__members__:
+        raise ValueError(f"{name!r} is not a member of the original's {enum_class.__name__[len('Original'):]}")
+    return enum_class[name]
+
+
+class OriginalTaskDef:
+    """Stand-in for `experiments.exp_def.TaskDef`, a dict subclass whose items are repr strings and whose real values
+    are attributes. The unpickler builds a plain `OrderedDict` instead (it fills in items and attributes of that type
+    only); `vars()` of it gives the real values."""
+
+    def __new__(cls, *args):
+        return collections.OrderedDict()
+
+
+class OriginalVocabulary:
+    """Stand-in for `data_utils.vocab.Vocabulary`: only receives its attributes (`tok2ind`, `ind2tok`, `neat`)."""
+
+
+def vocabulary_labels(vocabulary):
+    """The label names of an `OriginalVocabulary`, in id order."""
+    index = vars(vocabulary).get("ind2tok")
+    if not isinstance(index, dict) or not all(isinstance(k, int) and isinstance(v, str) for k, v in index.items()):
+        raise TypeError("its label vocabulary has no id -> label map")
+    return [label for _, label in sorted(index.items())]
+
+
+def original_globals():
+    """The stand-ins as `(object, "original.module.Name")` pairs for `safe_torch_load(extra_globals=...)`."""
+    return [*((stand_in, path) for path, stand_in in ORIGINAL_ENUMS.items()),
+            (original_enum_member, "builtins.getattr"),
+            (OriginalTaskDef, "experiments.exp_def.TaskDef"),
+            (OriginalVocabulary, "data_utils.vocab.Vocabulary")]
+
+
+def read_checkpoint(path):
+    """The original checkpoint's `(state, opt)`, read without executing anything."""
+    logger.info(f"reading {path}")
+    checkpoint = safe_torch_load(path, "checkpoint", extra_globals=original_globals())
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state"), dict):
+        raise HfExtError(f"checkpoint {path} is not an MT-DNN checkpoint (no 'state' dict of weights)")
+    state, opt = checkpoint["state"], checkpoint.get("config")
+    if not isinstance(opt, dict):
+        raise HfExtError(f"checkpoint {path} is not an MT-DNN checkpoint (no 'config' dict of options)")
+    if not all(isinstance(value, torch.Tensor) for value in state.values()):
+        raise HfExtError(f"checkpoint {path}: 'state' holds something other than tensors")
+    if "bert.embeddings.word_embeddings.weight" not in state:
+        raise HfExtError(f"checkpoint {path}: no bert.embeddings.word_embeddings.weight in 'state' (only BERT "
+                         "encoders are supported)")
+    return state, opt
+
+
+def head_indices(state, path):
+    """The task ids that have weights (`scoring_list.<i>.*`), checked to be 0..n-1."""
+    indices = sorted({int(m.group(1)) for m in map(HEAD_KEY.match, state) if m})
+    if not indices:
+        raise HfExtError(f"checkpoint {path} holds no task heads (scoring_list.*): an encoder-only checkpoint?")
+    if indices != list(range(len(indices))):
+        raise HfExtError(f"checkpoint {path}: task heads {indices} are not numbered 0..{len(indices) - 1}")
+    if any(f"scoring_list.{i}.weight" in state for i in indices):
+        raise HfExtError(f"checkpoint {path} has the pre-2021 head layout (shared tanh BERT pooler, "
+                         "scoring_list.<i>.weight), which is not supported")
+    return indices
+
+
+def _enum_name(value):
+    return value.name if isinstance(value, enum.Enum) else value
+
+
+def task_defs_from_checkpoint(opt, names, path):
+    """`opt["task_def_list"]` as task definitions in the YAML format, keyed by task name."""
+    entries = opt.get("task_def_list")
+    if not isinstance(entries, list) or not entries:
+        raise HfExtError(f"checkpoint {path} holds no task definitions (config['task_def_list']); pass --task-def "
+                         "with the task_def.yml used for training")
+    if len(entries) != len(names):
+        raise HfExtError(f"checkpoint {path}: {len(entries)} task definitions for {len(names)} tasks "
+                         f"({', '.join(names)})")
+    task_defs = {}
+    for name, entry in zip(names, entries):
+        fields = getattr(entry, "__dict__", None) or entry
+        if not isinstance(fields, dict):
+            raise HfExtError(f"checkpoint {path}: the task definition of {name} is a {type(entry).__name__}, "
+                             "not a TaskDef")
+        vocabulary = fields.get("label_vocab")
+        try:
+            definition = {
+                "task_type": _enum_name(fields.get("task_type")),
+                "n_class": fields.get("n_class"),
+                "data_format": _enum_name(fields.get("data_type")),
+                "enable_san": fields.get("enable_san"),
+                "dropout_p": fields.get("dropout_p"),
+                "labels": vocabulary_labels(vocabulary) if isinstance(vocabulary, OriginalVocabulary) else None,
+                "metric_meta": [_enum_name(metric) for metric in fields.get("metric_meta") or ()],
+                "loss": _enum_name(fields.get("loss")),
+                "kd_loss": _enum_name(fields.get("kd_loss")),
+                "split_names": list(fields["split_names"]) if fields.get("split_names") else None,
+            }
+        except TypeError as error:
+            raise HfExtError(f"checkpoint {path}: the task definition of {name} is malformed ({error})") from None
+        task_defs[name] = {key: value for key, value in definition.items() if value not in (None, [])}
+    return task_defs
+
+
+def train_task_names(opt):
+    """The tasks' names in task-id order: the prefixes of train.py's `--train_datasets`, as train.py derives them;
+    None when the options do not list them."""
+    datasets = opt.get("train_datasets")
+    if not isinstance(datasets, list) or not datasets:
+        return None
+    return list(dict.fromkeys(str(dataset).split("_")[0] for dataset in datasets))
+
+
+def encoder_config(opt, path):
+    """The BERT config train.py merged flat into `opt`; only BERT encoders are supported."""
+    encoder_type = opt.get("encoder_type", OriginalEncoderModelType.BERT)
+    if int(encoder_type) != OriginalEncoderModelType.BERT:
+        known = OriginalEncoderModelType._value2member_map_.get(int(encoder_type))
+        raise HfExtError(f"checkpoint {path}: encoder_type {known.name if known else int(encoder_type)} is not "
+                         "supported (only BERT)")
+    missing = [key for key in REQUIRED_BERT_KEYS if key not in opt]
+    if missing:
+        raise HfExtError(f"checkpoint {path}: the config lacks the BERT settings {', '.join(missing)}")
+    try:
+        encoder = BertConfig(**{key: opt[key] for key in BERT_CONFIG_KEYS if key in opt})
+        MTDNNConfig(encoder=encoder)  # the config's own checks of the encoder, before any task is read
+    except (ValueError, StrictDataclassError) as error:
+        raise HfExtError(f"checkpoint {path}: invalid BERT settings: {one_line(error)}") from None
+    return encoder
+
+
+def san_settings(opt):
+    """train.py's `answer_*` options as `MTDNNConfig` SAN settings (its defaults where absent)."""
+    return {"num_turns": opt.get("answer_num_turn", 5), "memory_type": opt.get("answer_mem_type", 1),
+            "memory_dropout": opt.get("answer_mem_drop_p", 0.1), "merge_opt": opt.get("answer_merge_opt", 1),
+            "rnn_type": opt.get("answer_rnn_type", "gru")}
+
+
+def check_san_options(opt, path):
+    """Refuse SAN variants the port does not implement (their weights differ, or the original crashes on them)."""
+    unsupported = [(name, opt.get(name), ok) for name, ok in (("answer_att_type", "bilinear"),
+                                                               ("answer_weight_norm_on", False))
+                   if opt.get(name, ok) != ok]
+    if opt.get("mem_cum_type") == "mlp":
+        unsupported.append(("mem_cum_type", "mlp", "simple"))
+    if unsupported:
+        raise HfExtError(f"checkpoint {path}: unsupported SAN option(s) " + ", ".join(
+            f"{name}={value!r} (supported: {ok!r})" for name, value, ok in unsupported))
+
+
+def build_config(state, opt, path, task_def=None, group_sizes=None, default_task=None):
+    """The `MTDNNConfig` of an original checkpoint; the task definitions from `task_def` (YAML) when given."""
+    count = len(head_indices(state, path))
+    names = train_task_names(opt)
+    if names is None and task_def is None:
+        raise HfExtError(f"checkpoint {path} does not list its train_datasets, so its tasks have no names: pass "
+                         f"--task-def with exactly its {count} tasks in training order")
+    if names is not None and len(names) != count:
+        raise HfExtError(f"checkpoint {path} has {count} task heads but {len(names)} training tasks "
+                         f"({', '.join(names)})")
+    encoder = encoder_config(opt, path)
+    kwargs = {"task_names": names, "san": san_settings(opt), "group_sizes": group_sizes,
+              "default_task": default_task}
+    try:
+        if task_def is not None:
+            config = MTDNNConfig.from_task_def_yaml(Path(task_def), encoder, **kwargs)
+        else:
+            config = MTDNNConfig.from_task_defs(task_defs_from_checkpoint(opt, names, path), encoder, **kwargs)
+    except ValueError as error:
+        source = task_def if task_def is not None else f"{path} (config['task_def_list'])"
+        raise HfExtError(f"task definitions of {source}: {error}") from None
+    if len(config.tasks) != count:
+        raise HfExtError(f"{task_def} defines {len(config.tasks)} tasks, the checkpoint has {count} task heads")
+    if any(task["head"] == "san" for task in config.tasks):
+        check_san_options(opt, path)
+    return config
+
+
+def convert_state_dict(state, config):
+    """Original keys -> `MTDNNModel` keys; returns `(state_dict, dropped_keys)`. Checks each head against its task's
+    head type and label count first."""
+    converted, dropped = {}, []
+    heads = collections.defaultdict(dict)
+    for key, tensor in state.items():
+        match = HEAD_KEY.match(key)
+        if match:
+            heads[int(match.group(1))][match.group(2)] = tensor
+        elif DROPPED_ENCODER_KEYS.match(key):
+            dropped.append(key)
+        else:
+            converted[key] = tensor
+    for index, task in enumerate(config.tasks):
+        weights = heads[index]
+        is_san = any(key.startswith("1.query_wsum.") for key in weights)
+        where = f"task {task['name']} (scoring_list.{index})"
+        if is_san != (task["head"] == "san"):
+            raise HfExtError(f"{where}: the task definition says a {task['head']} head, the checkpoint holds a "
+                             f"{'SAN' if is_san else 'linear'} head")
+        label_key = "1.classifier.proj.weight" if is_san else "1.weight"
+        if label_key in weights and weights[label_key].shape[0] != task["num_labels"]:
+            raise HfExtError(f"{where}: the task definition says {task['num_labels']} label(s), the weights "
+                             f"scoring_list.{index}.{label_key} have {weights[label_key].shape[0]}")
+        renames = SAN_KEYS if is_san else LINEAR_KEYS
+        for key, tensor in weights.items():
+            if is_san and UNUSED_SAN_KEYS.match(key):
+                dropped.append(f"scoring_list.{index}.{key}")
+                continue
+            prefix = next((p for p in renames if key.startswith(p)), None)
+            # unknown keys keep their original name, so that the key check reports them
+            new_key = f"heads.{task['name']}.{renames[prefix]}{key[len(prefix):]}" if prefix else \
+                f"scoring_list.{index}.{key}"
+            converted[new_key] = tensor
+    return converted, dropped
+
+
+def load_tokenizer(name_or_path, vocab_size):
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
+    except (OSError, ValueError) as error:
+        raise HfExtError(f"cannot load the tokenizer {name_or_path}: {str(error).splitlines()[0]}") from None
+    if len(tokenizer) > vocab_size:
+        raise HfExtError(f"the tokenizer {name_or_path} has {len(tokenizer)} tokens, the encoder's vocabulary "
+                         f"{vocab_size}")
+    return tokenizer
+
+
+def reference_errors(model, reference):
+    """Max abs error of the converted model against outputs of the original, per task found in `reference`
+    (tensors named `<task>.input_ids`, `.token_type_ids`, `.attention_mask`, optionally `.premise_mask` and
+    `.hypothesis_mask`, and outputs `.logits`, `.all_hidden_states`, `.group_scores`, `.san_*`). Masked (-inf)
+    attention scores must be -inf at the same places; elsewhere the difference counts."""
+    model.eval()
+    errors = {}
+    for task in model.config.task_names:
+        if f"{task}.input_ids" not in reference:
+            continue
+        inputs = {name: reference[f"{task}.{name}"] for name in ("input_ids", "token_type_ids", "attention_mask",
+                                                                 "premise_mask", "hypothesis_mask")
+                  if f"{task}.{name}" in reference}
+        with torch.no_grad():
+            out = model(**inputs, task=task, output_hidden_states=True, output_san_states=True)
+        ours = {"logits": out.logits, "all_hidden_states": torch.stack(out.hidden_states),
+                "group_scores": out.group_logits}
+        if out.san_states is not None:
+            states = out.san_states
+            ours.update(san_h0=states.initial_state, san_att_scores=states.attention_scores,
+                        san_x_sum=states.premise_summaries, san_h_state=states.states,
+                        san_gru_out=states.rnn_outputs, san_turn_scores=states.turn_logits)
+        for name, value in ours.items():
+            expected = reference.get(f"{task}.{name}")
+            if value is not None and expected is not None:
+                errors[f"{task} {name}"] = max_abs_error(value, expected)
+    return errors
+
+
+def max_abs_error(value, expected):
+    """Max abs difference; infinite when shapes or the positions of infinities differ."""
+    if value.shape != expected.shape or not torch.equal(value.isinf(), expected.isinf()):
+        return float("inf")
+    finite = ~expected.isinf()
+    return (value[finite] - expected[finite]).abs().max().item() if finite.any() else 0.0
+
+
+def convert_mtdnn_checkpoint(checkpoint, out, *, task_def=None, group_sizes=None, default_task=None, tokenizer=None,
+                             reference=None, overwrite=False, push_to_hub=None, private=False, token=None):
+    """Convert an original MT-DNN checkpoint into a model folder at `out` (written atomically), with a model card
+    that records the source, the tasks and the parity measured; optionally push it. Returns the parity errors."""
+    from ... import __version__
+    from ...hub import card_data, push_folder, write_model_card
+    from ...output import atomic_output_dir, check_output_dir
+
+    check_output_dir(out, overwrite)
+    reference_tensors = load_reference(reference) if reference is not None else None
+    checkpoint = Path(checkpoint)
+    state, opt = read_checkpoint(checkpoint)
+    config = build_config(state, opt, checkpoint, task_def, group_sizes, default_task)
+    weights, dropped = convert_state_dict(state, config)
+    processor = load_tokenizer(tokenizer, config.encoder.vocab_size) if tokenizer is not None else None
+    notes = [f"not converted (rebuilt or never read by the original): {', '.join(dropped)}"] if dropped else []
+    ranking = [f"{t['name']}: {t['group_size']}" for t in config.tasks if t["type"] == "ranking"]
+    if ranking and not group_sizes:
+        notes.append(f"ranking group sizes (candidates per group) are not stored in the checkpoint; set to "
+                     f"{', '.join(ranking)} (change with --group-size or config.tasks[i]['group_size'])")
+    if processor is None:
+        notes.append(f"no tokenizer in the folder: use the one of {opt.get('bert_model_type', 'the BERT encoder')}")
+    with atomic_output_dir(out, overwrite) as staging:
+        logger.info(f"writing {len(weights)} tensors to {staging}")
+        write_model_folder(staging, MTDNNModel, config, weights, AUTO_MAP, processor=processor, source=str(checkpoint))
+        logger.info("checking the written folder")
+        model = MTDNNModel.from_pretrained(staging).eval()
+        loaded = model.state_dict()
+        parity = {"weights (round trip)": max((loaded[k] - v).abs().max().item() for k, v in weights.items())}
+        if reference is not None:
+            logger.info(f"comparing with the original's outputs in {reference}")
+            parity.update(compare_with_reference(model, reference_tensors, reference, reference_errors))
+        write_model_card(
+            staging, "mtdnn",
+            card_data(license="mit", tags=["mt-dnn", "multi-task", "bert", "text-classification"],
+                      pipeline_tag="text-classification"),
+            model_name=Path(out).name, repo_id=push_to_hub or Path(out).name, tasks=config.tasks,
+            default_task=config.default_task or config.tasks[0]["name"],
+            encoder_layers=config.encoder.num_hidden_layers, encoder_hidden=config.encoder.hidden_size,
+            encoder_vocab=config.encoder.vocab_size,
+            hf_ext_version=__version__, source_file=file_record(checkpoint),
+            task_source=str(task_def) if task_def is not None else "the checkpoint (config['task_def_list'])",
+            parity=parity, notes=notes,
+        )
+    logger.info(f"wrote {out}")
+    if push_to_hub:
+        push_folder(out, push_to_hub, token=token, private=private)
+    return parity
+
+
+def _group_size(text):
+    name, _, size = text.partition("=")
+    if not name or not size.isdigit():
+        raise argparse.ArgumentTypeError(f"expected TASK=K, got {text!r}")
+    return name, int(size)
+
+
+CONVERT_NAME = "mtdnn"  # hf-ext convert mtdnn
+CONVERT_SUMMARY = "original MT-DNN checkpoints (namisan/mt-dnn)"
+
+
+def add_arguments(parser):
+    """`hf-ext convert mtdnn` arguments (also used by conversion/convert_mtdnn_original_checkpoint.py)."""
+    parser.add_argument("checkpoint", type=Path, help="the original checkpoint (model_N.pt, saved by MTDNNModel.save)")
+    parser.add_argument("out", help="folder to write (must not exist unless --overwrite)")
+    parser.add_argument("--task-def", type=Path, help="the task-definition YAML used for training (glue_task_def.yml "
+                        "format); default: the task definitions stored in the checkpoint")
+    parser.add_argument("--group-size", type=_group_size, action="append", metavar="TASK=K",
+                        help="candidates per group of a ranking task (default 2); repeatable")
+    parser.add_argument("--default-task", help="the task AutoModelForSequenceClassification and pipelines use "
+                        "(default: the first)")
+    parser.add_argument("--tokenizer", help="tokenizer folder or Hub id to save with the model")
+    add_output_arguments(parser)
+
+
+def run(args):
+    parity = convert_mtdnn_checkpoint(
+        args.checkpoint, args.out, task_def=args.task_def, group_sizes=dict(args.group_size or []),
+        default_task=args.default_task, tokenizer=args.tokenizer, reference=args.reference, overwrite=args.overwrite,
+        push_to_hub=args.push_to_hub, private=args.private, token=args.token,
+    )
+    print_parity(parity)

@@ -1,0 +1,223 @@
+"""`hf-ext optimus ...`: latent-space operations, training and evaluation on an Optimus model folder or Hub repo
+id."""
+
+import argparse
+import json
+
+import torch
+
+from ...arguments import fraction, nonnegative_float, number_in, positive_float, positive_int, probability
+from ...cli import add_converter
+from ...errors import require
+from . import conversion
+from .demo import add_demo_command
+
+CHECKPOINTS_SUFFIX = "-checkpoints"  # OUTPUT_DIR-checkpoints/: the run's Trainer checkpoints, until it ends
+
+
+def register(commands: argparse._SubParsersAction, converters: argparse._SubParsersAction) -> None:
+    """`hf-ext convert optimus` and the `hf-ext optimus` commands."""
+    add_converter(converters, conversion)
+    group = commands.add_parser("optimus", help="Optimus latent-space tools and training",
+                                description="Work with an Optimus model (a folder or a Hub repo id).")
+    tools = group.add_subparsers(dest="tool", required=True, metavar="TOOL")
+
+    def tool(name, help_text, handler):
+        parser = tools.add_parser(name, help=help_text, description=help_text)
+        parser.add_argument("model", help="model folder or Hub repo id")
+        parser.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens to generate (default 32)")
+        parser.add_argument("--num-beams", type=positive_int, default=1, help="beam search width (default 1: greedy)")
+        parser.add_argument("--sample", action="store_true", help="sample instead of greedy/beam decoding")
+        parser.add_argument("--top-k", type=number_in(int, 0), default=0, help="top-k sampling (with --sample)")
+        parser.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling (with --sample)")
+        parser.add_argument("--temperature", type=positive_float, default=1.0,
+                            help="sampling temperature (with --sample)")
+        parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+        parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
+        parser.set_defaults(handler=lambda args: handler(args, _latent_space(args)))
+        return parser
+
+    tool("encode", "print each sentence's posterior mean and log-variance as JSON", _encode).add_argument(
+        "texts", nargs="+", help="sentences")
+    tool("reconstruct", "encode sentences and decode them from their posterior means", _reconstruct).add_argument(
+        "texts", nargs="+", help="sentences")
+    tool("sample", "decode latents drawn from the prior", _sample).add_argument(
+        "--num", type=positive_int, default=5, help="how many sentences (default 5)")
+    parser = tool("interpolate", "decode points on the line between two sentences' latents", _interpolate)
+    parser.add_argument("start", help="first sentence")
+    parser.add_argument("end", help="last sentence")
+    parser.add_argument("--steps", type=number_in(int, 2), default=5, help="points including both ends (default 5)")
+    parser = tool("analogy", "a : b :: c : ? in latent space (z_c + (z_b - z_a) * degree)", _analogy)
+    for name in ("a", "b", "c"):
+        parser.add_argument(name, help=f"sentence {name}")
+    parser.add_argument("--degree", type=float, default=1.0, help="how far to move (default 1.0)")
+    _register_training_tools(tools)
+    add_demo_command(tools)
+    add_demo_command(commands)  # the shortcut `hf-ext demo`
+
+
+def _latent_space(args):
+    from ...errors import HfExtError
+    from . import OptimusLatentSpace
+
+    torch.manual_seed(args.seed)
+    generation = {"max_new_tokens": args.max_new_tokens, "num_beams": args.num_beams, "do_sample": args.sample}
+    if args.sample:
+        generation.update(top_k=args.top_k, top_p=args.top_p, temperature=args.temperature)
+    model, processor = _load_optimus(args)
+    try:
+        return OptimusLatentSpace(model, processor, **generation)
+    except ValueError as error:  # generation settings the model cannot follow
+        raise HfExtError(str(error)) from None
+
+
+def _encode(args, space):
+    mean, logvar = space.encode(args.texts)
+    for text, m, lv in zip(args.texts, mean.tolist(), logvar.tolist()):
+        print(json.dumps({"text": text, "mean": m, "logvar": lv}))
+
+
+def _reconstruct(args, space):
+    for text, output in zip(args.texts, space.reconstruct(args.texts)):
+        print(f"{text}\t->\t{output}")
+
+
+def _sample(args, space):
+    for text in space.sample(args.num, generator=torch.Generator().manual_seed(args.seed)):
+        print(text)
+
+
+def _interpolate(args, space):
+    for weight, text in space.interpolate(args.start, args.end, args.steps):
+        print(f"{weight:.2f}\t{text}")
+
+
+def _analogy(args, space):
+    print(space.analogy(args.a, args.b, args.c, args.degree))
+
+
+# ----- training and evaluation --------------------------------------------------------------------------------------
+
+def _register_training_tools(tools):
+    # the training modules (transformers.Trainer) are imported only when a tool runs, to keep `hf-ext` quick to start
+    def model_tool(name, help_text, handler):
+        parser = tools.add_parser(name, help=help_text, description=help_text)
+        parser.add_argument("model", help="model folder or Hub repo id")
+        parser.add_argument("--batch-size", type=positive_int, default=8, help="sentences per batch (default 8)")
+        parser.add_argument("--max-length", type=number_in(int, 3, description="at least 3 (<BOS>, a token, <EOS>)"),
+                            help="truncate each side to this many tokens (default: what the model's positions allow)")
+        parser.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
+        parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
+        parser.set_defaults(handler=handler)
+        return parser
+
+    parser = model_tool("train", "fine-tune an Optimus VAE on a text file (one sentence per line) with the "
+                        "original's cyclical KL schedule; saves the model and processor", _train)
+    parser.add_argument("--train-file", required=True, help="text file, one sentence per line")
+    parser.add_argument("--output-dir", required=True, help="folder for the trained model (written atomically)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
+    parser.add_argument("--max-steps", type=positive_int, default=1000, help="optimizer steps (default 1000)")
+    parser.add_argument("--learning-rate", type=positive_float, default=5e-5, help="peak learning rate (default 5e-5)")
+    parser.add_argument("--beta", type=nonnegative_float, help="maximum KL weight (default: the model's config.beta)")
+    parser.add_argument("--n-cycles", type=positive_int, default=1, help="cycles of the KL schedule (default 1)")
+    parser.add_argument("--ratio-zero", type=fraction,
+                        help="share of each cycle with beta 0 (default: the original's training default, 0.25)")
+    parser.add_argument("--ratio-increase", type=probability,
+                        help="share of each cycle ramping beta up (default: the original's training default, 0.25)")
+    parser.add_argument("--dim-target-kl", type=nonnegative_float,
+                        help="free-bits threshold per latent dimension (fb-mode 1)")
+    parser.add_argument("--fb-mode", type=int, choices=(0, 1, 2), help="KL mode: 0 plain, 1 per-dimension threshold, 2 deterministic")
+    parser.add_argument("--length-weighted-loss", action=argparse.BooleanOptionalAction,
+                        help="divide each reconstruction loss by the sentence length (default: the model's setting)")
+    parser.add_argument("--logging-steps", type=positive_int, default=50, help="steps per logged average (default 50)")
+    parser.add_argument("--save-steps", type=positive_int, default=500,
+                        help=f"checkpoint every N steps into OUTPUT_DIR{CHECKPOINTS_SUFFIX}/ (default 500); running "
+                        "the same command again resumes from the newest complete checkpoint there; the folder is "
+                        "removed when the run ends")
+    parser.add_argument("--plot", action="store_true", help="also write training_curves.png (needs matplotlib)")
+
+    parser = model_tool("evaluate", "the paper's language-modelling metrics on a text file, as JSON: perplexity "
+                        "(importance-weighted), -ELBO, KL, mutual information, active units", _evaluate)
+    parser.add_argument("--eval-file", required=True, help="text file, one sentence per line")
+    parser.add_argument("--num-samples", type=positive_int, default=100,
+                        help="posterior samples of the importance-weighted likelihood (default 100)")
+    parser.add_argument("--samples-per-pass", type=positive_int, default=5, help="samples decoded at once (default 5)")
+    parser.add_argument("--au-threshold", type=nonnegative_float, default=0.01,
+                        help="posterior-mean variance that makes a latent dimension active (default 0.01)")
+
+
+def _load_optimus(args):
+    from transformers import AutoModel, AutoProcessor
+
+    from ...errors import HfExtError, loading
+
+    trust = args.trust_remote_code or None
+    with loading("an Optimus model", args.model):
+        model = AutoModel.from_pretrained(args.model, trust_remote_code=trust)
+        processor = AutoProcessor.from_pretrained(args.model, trust_remote_code=trust)
+    if model.config.model_type != "optimus":
+        raise HfExtError(f"{args.model} holds a {model.config.model_type!r} model, not an Optimus model")
+    return model, processor
+
+
+def _max_length(args, config):
+    # the decoder's latent memory takes position slot 0, so a sentence may use n_positions - 1 of them
+    limit = min(config.encoder.max_position_embeddings, config.decoder.n_positions - 1)
+    require(args.max_length is None or args.max_length <= limit,
+             f"--max-length {args.max_length} exceeds what the model's positions allow ({limit})")
+    return args.max_length or limit
+
+
+def _train(args):
+    import shutil
+    from pathlib import Path
+
+    from ...output import atomic_output_dir, check_output_dir
+    from ...plots import require_matplotlib
+    from ...trainer import print_summary, save_training_run
+    from .plots import plot_training_curves
+    from .training import DEFAULT_RATIO_INCREASE, DEFAULT_RATIO_ZERO, finetune_optimus, load_text_dataset
+
+    ratio_zero = DEFAULT_RATIO_ZERO if args.ratio_zero is None else args.ratio_zero
+    ratio_increase = DEFAULT_RATIO_INCREASE if args.ratio_increase is None else args.ratio_increase
+    check_output_dir(args.output_dir, args.overwrite)
+    if args.plot:
+        require_matplotlib()
+    dataset = load_text_dataset(args.train_file)
+    model, processor = _load_optimus(args)
+    config = model.config
+    for name in ("beta", "dim_target_kl", "fb_mode", "length_weighted_loss"):
+        if getattr(args, name) is not None:
+            setattr(config, name, getattr(args, name))
+    model.beta = config.beta
+
+    checkpoints = Path(f"{args.output_dir}{CHECKPOINTS_SUFFIX}")
+    with atomic_output_dir(args.output_dir, args.overwrite) as staging:
+        trainer = finetune_optimus(
+            model, processor, dataset, checkpoints, max_steps=args.max_steps, batch_size=args.batch_size,
+            learning_rate=args.learning_rate, n_cycles=args.n_cycles, ratio_zero=ratio_zero,
+            ratio_increase=ratio_increase, logging_steps=args.logging_steps, seed=args.seed,
+            max_length=_max_length(args, config), log_to_stderr=True, disable_tqdm=True, save_steps=args.save_steps,
+        )
+        save_training_run(staging, trainer, processor)
+        if args.plot:
+            plot_training_curves(trainer.state.log_history, staging / "training_curves.png",
+                                 title=f"Optimus fine-tuning on {args.train_file}")
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    print_summary(args.output_dir, trainer)
+
+
+def _evaluate(args):
+    from .metrics import evaluate_optimus_lm
+    from .training import load_text_dataset
+
+    require(args.num_samples % args.samples_per_pass == 0,
+             "--num-samples must be a multiple of --samples-per-pass")
+    texts = load_text_dataset(args.eval_file)["text"]
+    require(len(texts) >= 2, f"{args.eval_file} needs at least 2 sentences (active units use a variance)")
+    model, processor = _load_optimus(args)
+    metrics = evaluate_optimus_lm(model, processor, texts, au_threshold=args.au_threshold,
+                                  batch_size=args.batch_size, num_samples=args.num_samples,
+                                  samples_per_pass=args.samples_per_pass, max_length=_max_length(args, model.config),
+                                  generator=torch.Generator(device=model.device).manual_seed(args.seed))
+    print(json.dumps(metrics))

@@ -1,0 +1,211 @@
+"""`hf-ext optimus demo` (or `hf-ext demo`): the whole Optimus path on material the package ships, with nothing to download.
+
+1. write an Optimus checkpoint in the original on-disk format (tokenizers trained on the bundled sentences, freshly
+   initialised weights), 2. convert it, 3. lay the converted folder into a local Hub cache and load it back with
+   `AutoModel.from_pretrained("hf-ext/optimus-demo")`, 4. train it with `Trainer` on the bundled sentences,
+   5. reconstruct them, interpolate between two of them, decode prior samples and measure the latent space (KL,
+   active units, mutual information), 6. write demo.json and, when matplotlib is there, demo.png (the latent space
+   with the interpolation path, beside the training curves).
+
+The model learns the 40 bundled sentences and is asked about those same sentences: the demo shows the mechanics,
+not generalisation.
+"""
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+DEMO_REPO_ID = "hf-ext/optimus-demo"
+MARKER = ".hf-ext-demo"
+# The recipe, measured on the bundled sentences (docs/optimus.md, "The demo"): tokenizers whose vocabularies hold
+# the sentences' words whole, so that a sentence is about ten decoder tokens; a small model; no dropout (the model
+# is meant to learn these sentences); the original's schedule defaults (beta 0 for the first quarter of the run, an
+# auto-encoder, a ramp to `BETA` over the second quarter, then `BETA` for the second half, long enough for the
+# decoder to settle after the KL penalty reshapes the latent space), with free bits leaving the KL of each
+# dimension up to `DIM_TARGET_KL` unpenalised.
+MODEL_SIZES = dict(latent_size=16, hidden_size=64, num_layers=2, num_heads=4, decoder_vocab_size=600)
+BETA = 0.5
+RATIO_ZERO = 0.25
+RATIO_INCREASE = 0.25
+DIM_TARGET_KL = 3.0
+LEARNING_RATE = 2e-3
+WARMUP_STEPS = 20
+BATCH_SIZE = 16
+DEFAULT_STEPS = 2000
+# sentences whose reconstructions are printed, and the two ends of the interpolation (indices into the bundled file)
+SHOWN = (0, 1, 2, 3)
+INTERPOLATION_ENDS = (0, 1)
+INTERPOLATION_STEPS = 6
+PRIOR_SAMPLES = 3
+# posterior samples per sentence for the importance-weighted likelihood; KL, MI and AU do not depend on it
+METRIC_SAMPLES = 10
+
+
+def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
+    """The `demo` command, under `hf-ext optimus` and as the shortcut `hf-ext demo`."""
+    parser = subparsers.add_parser("demo", help="run the Optimus demo end to end on bundled data",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", type=Path, default=Path("hf-ext-demo"),
+                        help="folder for everything the demo writes (default ./hf-ext-demo, replaced on each run)")
+    parser.add_argument("--max-steps", type=int, default=DEFAULT_STEPS,
+                        help=f"training steps (default {DEFAULT_STEPS})")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.set_defaults(handler=run_demo)
+
+
+class ProgressLines(TrainerCallback):
+    """A short line at the first log after every `every` steps and at the end: the reconstruction loss and the plain
+    KL of the last logging window, beta and the time since `started`."""
+
+    def __init__(self, started, every):
+        self.started = started
+        self.every = every
+        self.next_line = every
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        step = state.global_step
+        if logs and "loss_rec" in logs and (step >= self.next_line or step == state.max_steps):
+            self.next_line = (step // self.every + 1) * self.every
+            print(f"   step {step:>4}/{state.max_steps}  reconstruction loss {logs['loss_rec']:6.2f}  "
+                  f"KL {logs['kl']:5.1f}  beta {logs['beta']:.2f}  ({time.monotonic() - self.started:.0f} s)",
+                  flush=True)
+
+
+def run_demo(args: argparse.Namespace) -> None:
+    import torch
+
+    threads = torch.get_num_threads()
+    # a model this small gains nothing from more threads, and on a busy machine loses much to their synchronisation
+    torch.set_num_threads(1)
+    try:
+        _run_demo(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_demo(args: argparse.Namespace) -> None:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModel, AutoProcessor
+
+    from ...errors import HfExtError
+    from ...hub import install_into_hub_cache
+    from . import OptimusLatentSpace
+    from .conversion import convert_optimus_checkpoint
+    from .metrics import evaluate_optimus_lm, word_accuracy
+    from .samples import bundled_sentences, write_sample_checkpoint
+    from .training import finetune_optimus
+
+    if args.max_steps < 1:
+        raise HfExtError("--max-steps must be at least 1")
+    started = time.monotonic()
+    workdir = args.workdir
+    if workdir.exists():
+        if not (workdir / MARKER).exists():
+            raise HfExtError(f"{workdir} exists and was not written by hf-ext demo; choose another --workdir")
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    (workdir / MARKER).touch()
+    torch.manual_seed(args.seed)
+    sentences = bundled_sentences()
+    print(f"hf-ext demo: a small Optimus trained, then queried, on the {len(sentences)} sentences bundled with hf-ext\n"
+          "   (hf_ext/data/sentences.txt: it shows the mechanics, not generalisation); nothing is downloaded")
+
+    print(f"1. writing an original-format Optimus checkpoint to {workdir / 'original'}")
+    write_sample_checkpoint(workdir / "original", seed=args.seed, weight_scale=None, beta=BETA,
+                            dim_target_kl=DIM_TARGET_KL, length_weighted_loss=False, **MODEL_SIZES)
+    print("   tokenizers trained on the bundled sentences, weights freshly initialised")
+    print(f"2. converting it: hf-ext convert optimus {workdir / 'original'} {workdir / 'converted'}")
+    convert_optimus_checkpoint(workdir / "original", workdir / "converted")
+
+    hub_cache = workdir / "hub"
+    install_into_hub_cache(workdir / "converted", DEMO_REPO_ID, hub_cache)
+    print(f"3. loading AutoModel.from_pretrained({DEMO_REPO_ID!r}) from the local Hub cache {hub_cache}")
+    model = AutoModel.from_pretrained(DEMO_REPO_ID, cache_dir=hub_cache, local_files_only=True)
+    processor = AutoProcessor.from_pretrained(DEMO_REPO_ID, cache_dir=hub_cache, local_files_only=True)
+    print(f"   {type(model).__name__}: {model.num_parameters():,} parameters, latent size {model.config.latent_size}")
+    for module in model.modules():  # the model is meant to learn these sentences: nothing to regularise
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+    print(f"4. training with Trainer for {args.max_steps} steps on the {len(sentences)} bundled sentences\n"
+          f"   beta 0 for the first {RATIO_ZERO:.0%} of the steps, a ramp to {BETA} over the next "
+          f"{RATIO_INCREASE:.0%}; free bits: {DIM_TARGET_KL} nats per latent dimension")
+    trainer = finetune_optimus(model, processor, Dataset.from_dict({"text": sentences}), workdir / "trainer",
+                               max_steps=args.max_steps, batch_size=BATCH_SIZE, learning_rate=LEARNING_RATE,
+                               ratio_zero=RATIO_ZERO, ratio_increase=RATIO_INCREASE,
+                               logging_steps=max(1, args.max_steps // 40),
+                               warmup_steps=min(WARMUP_STEPS, args.max_steps // 10), seed=args.seed, print_logs=False,
+                               disable_tqdm=True, callbacks=[ProgressLines(started, max(1, args.max_steps // 8))])
+    model.save_pretrained(workdir / "finetuned")
+    processor.save_pretrained(workdir / "finetuned")
+
+    space = OptimusLatentSpace(model, processor, max_new_tokens=24)
+    outputs = space.reconstruct(sentences)
+    accuracies = [word_accuracy(source, output) for source, output in zip(sentences, outputs)]
+    print("5. reconstructions (encode, then greedy decoding from the posterior mean), with their word accuracy:")
+    for index in SHOWN:
+        print(f"   {accuracies[index]:4.0%}  {sentences[index]}\n         -> {outputs[index]}")
+    print(f"   all {len(sentences)}: mean word accuracy {sum(accuracies) / len(accuracies):.0%}, "
+          f"{sum(a == 1 for a in accuracies)} exact, {len(set(outputs))} different outputs")
+
+    source, target = (sentences[index] for index in INTERPOLATION_ENDS)
+    means, _ = space.encode([source, target])
+    path_latents = model.interpolate(means[0], means[1], INTERPOLATION_STEPS)
+    steps = list(zip(torch.linspace(0, 1, INTERPOLATION_STEPS).tolist(), space.decode(path_latents)))
+    print(f"   interpolation between the posterior means of sentences {INTERPOLATION_ENDS[0] + 1} and "
+          f"{INTERPOLATION_ENDS[1] + 1} of the file:")
+    for weight, text in steps:
+        print(f"   t={weight:.2f}  {text}")
+    samples = space.sample(PRIOR_SAMPLES, generator=torch.Generator().manual_seed(args.seed))
+    print("   decoded from z ~ N(0, I):")
+    for text in samples:
+        print(f"   {text}")
+
+    metrics = evaluate_optimus_lm(model, processor, sentences, num_samples=METRIC_SAMPLES,
+                                  samples_per_pass=METRIC_SAMPLES,
+                                  generator=torch.Generator().manual_seed(args.seed))
+    print(f"   latent space over the {len(sentences)} sentences: KL {metrics['kl']:.1f} nats, active units "
+          f"{metrics['active_units']}/{model.config.latent_size}, mutual information {metrics['mi']:.2f} nats "
+          "(hf_ext.models.optimus.metrics)")
+
+    summary = {
+        "trained_on": f"the {len(sentences)} bundled sentences (hf_ext/data/sentences.txt); the reconstructions are "
+                      "of training sentences",
+        "max_steps": args.max_steps,
+        "seed": args.seed,
+        "reconstructions": [{"input": sentence, "output": output, "word_accuracy": accuracy}
+                            for sentence, output, accuracy in zip(sentences, outputs, accuracies)],
+        "interpolation": {"source": source, "target": target,
+                          "steps": [{"t": weight, "text": text} for weight, text in steps]},
+        "prior_samples": samples,
+        "kl": metrics["kl"],
+        "active_units": metrics["active_units"],
+        "latent_size": model.config.latent_size,
+        "mutual_information": metrics["mi"],
+        "reconstruction_nll": metrics["reconstruction_nll"],
+        "perplexity": metrics["perplexity"],
+        "importance_samples": METRIC_SAMPLES,
+        "training_log": [entry for entry in trainer.state.log_history if "loss_rec" in entry],
+    }
+    print(f"6. writing {workdir / 'demo.json'}", end="")
+    try:
+        from .plots import plot_latent_space
+
+        all_means, _ = space.encode(sentences)
+        # the shown sentences, and those the interpolation passes through
+        passed = {index for index, sentence in enumerate(sentences) if sentence in dict(steps).values()}
+        labelled = sorted({*SHOWN, *INTERPOLATION_ENDS} | passed)
+        plot_latent_space(all_means.numpy(), sentences, workdir / "demo.png",
+                          interpolation=(path_latents.numpy(), steps), labelled=labelled,
+                          log_history=trainer.state.log_history, title="hf-ext demo: Optimus on the bundled sentences")
+        print(f" and {workdir / 'demo.png'} (the latent space and the training curves)")
+    except HfExtError as missing_matplotlib:
+        print(f" (no picture: {missing_matplotlib})")
+    summary["seconds"] = round(time.monotonic() - started, 1)
+    (workdir / "demo.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print(f"done in {summary['seconds']:.0f} s: the trained model is in {workdir / 'finetuned'}")

@@ -1,0 +1,157 @@
+"""Figures of an Optimus run: training curves from `trainer.state.log_history`, a map of the latent space (posterior
+means on their principal axes, with an interpolation path) and an interpolation table.
+
+matplotlib is optional (`pip install hf-ext[plots]`); see `hf_ext.plots`.
+"""
+
+from pathlib import Path
+
+from ...errors import HfExtError
+from ...plots import new_figure, require_matplotlib
+
+# panels of the training curves: (title, (log key, legend label), ...)
+CURVE_PANELS = (
+    ("reconstruction loss", (("loss_rec", None),)),
+    ("KL", (("kl", "KL(q(z|x) || p(z))"), ("loss_kl", "KL term after free bits"))),
+    ("beta", (("beta", None),)),
+)
+CURVE_KEYS = tuple(key for _, keys in CURVE_PANELS for key, _ in keys)
+
+
+def curves_from_log_history(log_history, keys=CURVE_KEYS):
+    """`{key: (steps, values)}` of the training logs that carry `key`."""
+    return {key: ([entry["step"] for entry in log_history if key in entry],
+                  [entry[key] for entry in log_history if key in entry]) for key in keys}
+
+
+def _draw_training_curves(axes, log_history):
+    """One panel of `CURVE_PANELS` per axis; the KL panel shows the plain KL beside the thresholded term the loss
+    uses, which free bits hold at 0 while every dimension stays under its target."""
+    curves = curves_from_log_history(log_history)
+    if not any(steps for steps, _ in curves.values()):
+        raise HfExtError("the log history has no loss_rec, loss_kl or beta entries to plot")
+    for axis, (title, keys) in zip(axes, CURVE_PANELS):
+        for key, label in keys:
+            steps, values = curves[key]
+            if steps:
+                axis.plot(steps, values, marker="." if len(steps) < 50 else None, label=label)
+        if any(label and curves[key][0] for key, label in keys):
+            axis.legend(fontsize=8)
+        axis.set_title(title)
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+
+
+def plot_training_curves(log_history, path, title=None):
+    """PNG (or any matplotlib format, from `path`'s suffix) of the reconstruction loss, the KL (plain and as the
+    loss's free-bits term) and beta over the training steps."""
+    figure = new_figure(4 * len(CURVE_PANELS), 3.2)
+    _draw_training_curves(figure.subplots(1, len(CURVE_PANELS)), log_history)
+    if title:
+        figure.suptitle(title)
+    figure.savefig(Path(path), dpi=100)
+    return Path(path)
+
+
+def project_to_plane(points, *others, first_axis=None):
+    """`points` ([n, d]) and each of `others` ([m, d]) on a plane through the mean of `points`, with the share of
+    `points`' variance along each axis. The axes are the first two principal axes of `points`; with `first_axis`
+    (a [d] direction), that direction and the principal axis of `points` orthogonal to it."""
+    import numpy as np
+
+    points = np.asarray(points, dtype=np.float64)
+    centre = points.mean(0)
+    centred = points - centre
+    if first_axis is None:
+        axes = np.linalg.svd(centred, full_matrices=False)[2][:2]
+    else:
+        first = np.asarray(first_axis, dtype=np.float64)
+        first = first / np.linalg.norm(first)
+        rest = centred - np.outer(centred @ first, first)
+        axes = np.stack([first, np.linalg.svd(rest, full_matrices=False)[2][0]])
+    explained = ((centred @ axes.T) ** 2).sum(0) / (centred ** 2).sum()
+    projected = [(np.asarray(other, dtype=np.float64) - centre) @ axes.T for other in (points, *others)]
+    return projected, explained
+
+
+def plot_latent_space(means, texts, path, interpolation=None, labelled=None, log_history=None, title=None):
+    """Posterior means of `texts` ([n, latent_size]) on a plane, with the sentences of `labelled` (indices; default
+    all) written beside their points, and optionally:
+
+    - `interpolation`: `(latents, [(t, decoded text)])`; the plane then runs along the interpolation (its first axis
+      is the line from the first latent to the last, its second the principal axis of the means orthogonal to it),
+      the path is drawn with numbered steps, each step's decoded text is listed under the map, and a sentence that
+      a step decodes to is marked with the step's number instead of its text;
+    - `log_history`: the training curves (`plot_training_curves`' panels) in a column on the right.
+
+    Without an interpolation the plane is the means' first two principal axes.
+    """
+    import numpy as np
+
+    if len(texts) < 2 or len(means) != len(texts):
+        raise HfExtError("the latent map needs a posterior mean for each of at least 2 sentences")
+    path_latents, steps = interpolation if interpolation is not None else (np.zeros((0, len(means[0]))), [])
+    direction = np.asarray(path_latents[-1]) - np.asarray(path_latents[0]) if steps else None
+    (points, path_points), explained = project_to_plane(means, path_latents, first_axis=direction)
+    figure = new_figure(16 if log_history is not None else 11, 9 if steps else 8)
+    grid = (figure.add_gridspec(len(CURVE_PANELS), 2, width_ratios=(3, 1)) if log_history is not None
+            else figure.add_gridspec(len(CURVE_PANELS), 1))
+    map_rows = slice(0, len(CURVE_PANELS) - 1) if steps else slice(None)
+    axis = figure.add_subplot(grid[map_rows, 0])
+    if log_history is not None:
+        _draw_training_curves([figure.add_subplot(grid[row, 1]) for row in range(len(CURVE_PANELS))], log_history)
+    step_numbers = {}
+    for number, (_, text) in enumerate(steps):
+        step_numbers.setdefault(text, []).append(str(number))
+    axis.scatter(points[:, 0], points[:, 1], s=18, color="0.65", label="posterior means of the sentences")
+    for index in range(len(texts)) if labelled is None else labelled:
+        axis.scatter(*points[index], s=30, color="tab:blue")
+        label = ",".join(step_numbers[texts[index]]) if texts[index] in step_numbers else texts[index]
+        axis.annotate(label, points[index], xytext=(5, 5), textcoords="offset points", fontsize=8, color="tab:blue")
+    if steps:
+        axis.plot(path_points[:, 0], path_points[:, 1], "-o", color="tab:red", markersize=5, label="interpolation")
+        for number, point in enumerate(path_points):
+            axis.annotate(str(number), point, xytext=(-3, -13), textcoords="offset points", fontsize=9,
+                          color="tab:red", weight="bold")
+        listing_axis = figure.add_subplot(grid[-1, 0])
+        listing_axis.axis("off")
+        listing = "\n".join(f"{number}  t={t:.2f}  {text}" for number, (t, text) in enumerate(steps))
+        listing_axis.text(0, 1, "interpolation (red), and the sentences its steps decode to (blue numbers):\n"
+                          + listing, va="top", fontsize=9, family="monospace", color="tab:red")
+        axis.set_xlabel(f"along the interpolation ({explained[0]:.0%} of the variance)")
+        axis.set_ylabel(f"principal axis orthogonal to it ({explained[1]:.0%} of the variance)")
+    else:
+        axis.set_xlabel(f"principal axis 1 ({explained[0]:.0%} of the variance)")
+        axis.set_ylabel(f"principal axis 2 ({explained[1]:.0%} of the variance)")
+    axis.set_title("latent space: posterior means")
+    axis.legend(loc="best", fontsize=8)
+    axis.grid(alpha=0.3)
+    if title:
+        figure.suptitle(title)
+    figure.savefig(Path(path), dpi=100)
+    return Path(path)
+
+
+def plot_interpolation_table(rows, path, title="Latent interpolation"):
+    """A table of `(t, decoded sentence)` rows, as `OptimusLatentSpace.interpolate` returns them."""
+    rows = list(rows)
+    if not rows:
+        raise HfExtError("no interpolation rows to plot")
+    figure = new_figure(9, 0.45 * (len(rows) + 2))
+    axis = figure.subplots()
+    axis.axis("off")
+    table = axis.table(cellText=[[f"{t:.2f}", text] for t, text in rows], colLabels=["t", "decoded sentence"],
+                       colWidths=[0.08, 0.92], cellLoc="left", bbox=[0, 0, 1, 1])
+    table.auto_set_font_size(False)
+    table.set_fontsize(9)
+    for (_, column), cell in table.get_celld().items():
+        if column == 1:  # the default indent is a tenth of the cell width: far too much in the wide sentence column
+            cell.PAD = 0.01
+    if title:
+        axis.set_title(title)
+    figure.savefig(Path(path), dpi=100)
+    return Path(path)
+
+
+__all__ = ["curves_from_log_history", "plot_interpolation_table", "plot_latent_space", "plot_training_curves",
+           "project_to_plane", "require_matplotlib"]

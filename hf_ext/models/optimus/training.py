@@ -1,0 +1,206 @@
+"""Training Optimus with the transformers `Trainer`: the original's cyclical KL-weight schedules, a callback that
+applies them, a text collator, a `Trainer` that logs the two loss terms and beta, and LoRA on both halves.
+
+The schedules follow ChunyuanLI/Optimus `code/examples/big_ae/utils.py` (`frange_cycle_linear`,
+`frange_cycle_zero_linear`); `run_lm_vae_training.py` reads the schedule at the index of the current update.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import PrinterCallback, TrainerCallback, TrainingArguments
+from transformers.utils import logging
+
+from ...errors import HfExtError
+from ...lora import unwrap
+from ...trainer import TermLoggingTrainer, last_complete_checkpoint, send_logs_to_stderr, training_arguments
+from . import kl_divergence
+
+logger = logging.get_logger(__name__)
+
+# Original training defaults (`run_lm_vae_training.py` argparse)
+DEFAULT_RATIO_INCREASE = 0.25
+DEFAULT_RATIO_ZERO = 0.25
+
+
+
+def frange_cycle_zero_linear(n_iter, start=0.0, stop=1.0, n_cycle=4, ratio_increase=0.5, ratio_zero=0.3):
+    """Cyclical schedule of `n_iter` values: each of the `n_cycle` periods holds `start` for its first `ratio_zero`,
+    then ramps linearly from `start` towards `stop` over `ratio_increase` of the period, then stays at `stop`."""
+    if n_iter < 1 or n_cycle < 1:
+        raise ValueError(f"n_iter and n_cycle must be at least 1, got {n_iter} and {n_cycle}")
+    if ratio_increase <= 0 or ratio_zero < 0:
+        raise ValueError(f"ratio_increase must be > 0 and ratio_zero >= 0, got {ratio_increase} and {ratio_zero}")
+    schedule = np.full(n_iter, stop, dtype=np.float64)
+    period = n_iter / n_cycle
+    increment = (stop - start) / (period * ratio_increase)
+    for cycle in range(n_cycle):
+        # The value grows by repeated addition and the ramp ends once it passes `stop`, as in the original: the
+        # float rounding of that sum decides the last ramp index, so it is kept rather than computed as i * increment.
+        value, i = start, 0
+        while value <= stop and int(i + cycle * period) < n_iter:
+            index = int(i + cycle * period)
+            if i < period * ratio_zero:
+                schedule[index] = start
+            else:
+                schedule[index] = value
+                value += increment
+            i += 1
+    return schedule
+
+
+def frange_cycle_linear(n_iter, start=0.0, stop=1.0, n_cycle=4, ratio=0.5):
+    """The older cyclical schedule (Fu et al., 2019): a ramp over the first `ratio` of each period, no zero phase."""
+    return frange_cycle_zero_linear(n_iter, start, stop, n_cycle, ratio_increase=ratio, ratio_zero=0.0)
+
+
+class BetaScheduleCallback(TrainerCallback):
+    """Sets the model's KL weight `beta` before every optimizer step from `frange_cycle_zero_linear` over the run's
+    `max_steps`. The value depends on `state.global_step` only, so a resumed run continues the same schedule.
+
+    Args:
+        beta (`float`, *optional*): the schedule's maximum; the model's `config.beta` when unset.
+        n_cycles (`int`, defaults to 1): number of cycles over the run (the original fine-tuning uses 1).
+        ratio_increase (`float`, defaults to 0.25): share of each cycle spent ramping up.
+        ratio_zero (`float`, defaults to 0.25): share of each cycle held at 0 first.
+    """
+
+    def __init__(self, beta=None, n_cycles=1, ratio_increase=DEFAULT_RATIO_INCREASE, ratio_zero=DEFAULT_RATIO_ZERO):
+        if beta is not None and beta < 0:
+            raise ValueError(f"beta must be >= 0, got {beta}")
+        if n_cycles < 1:
+            raise ValueError(f"n_cycles must be at least 1, got {n_cycles}")
+        if not 0 < ratio_increase <= 1 or not 0 <= ratio_zero < 1:
+            raise ValueError(f"ratio_increase must be in (0, 1] and ratio_zero in [0, 1), got {ratio_increase} "
+                             f"and {ratio_zero}")
+        self.beta = beta
+        self.n_cycles = n_cycles
+        self.ratio_increase = ratio_increase
+        self.ratio_zero = ratio_zero
+        self._schedule = None
+
+    def schedule(self, max_steps, stop):
+        """The beta of every step of a run of `max_steps` updates."""
+        key = (max_steps, stop)
+        if self._schedule is None or self._schedule[0] != key:
+            values = frange_cycle_zero_linear(max_steps, 0.0, stop, self.n_cycles, self.ratio_increase,
+                                              self.ratio_zero)
+            self._schedule = (key, values)
+        return self._schedule[1]
+
+    def _stop(self, core):
+        return core.config.beta if self.beta is None else self.beta
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        core = unwrap(model)
+        values = self.schedule(state.max_steps, self._stop(core))
+        core.beta = float(values[min(state.global_step, len(values) - 1)])
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        # evaluation and inference after training use the full weight
+        core = unwrap(model)
+        core.beta = float(self._stop(core))
+
+
+class OptimusDataCollator:
+    """Builds both sides of an Optimus batch (`input_ids`, `attention_mask`, `labels`) from the `text_column` of
+    `datasets` rows with an `OptimusProcessor` (`max_length` truncates each side)."""
+
+    def __init__(self, processor, text_column="text", max_length=None):
+        self.processor = processor
+        self.text_column = text_column
+        self.max_length = max_length
+
+    def __call__(self, features):
+        texts = [feature[self.text_column] for feature in features]
+        return dict(self.processor(texts, max_length=self.max_length))
+
+
+def load_text_dataset(path, text_column="text"):
+    """A `datasets.Dataset` with one stripped, non-empty line of the text file `path` per row."""
+    from datasets import Dataset
+
+    path = Path(path)
+    if not path.is_file():
+        raise HfExtError(f"text file {path} does not exist")
+    try:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    except UnicodeDecodeError as error:
+        raise HfExtError(f"text file {path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+    lines = [line for line in lines if line]
+    if not lines:
+        raise HfExtError(f"text file {path} has no non-empty lines")
+    return Dataset.from_dict({text_column: lines})
+
+
+class OptimusTrainer(TermLoggingTrainer):
+    """`Trainer` for `OptimusModel` (or a PEFT wrapper of it) that also logs `loss_rec`, `loss_kl` (the KL term of
+    the loss, after free bits), `kl` (the plain KL, which free bits do not change) and `beta`: the means over each
+    logging window, averaged across processes. Evaluation reports `eval_loss` (the labels are named `labels`) plus
+    `eval_loss_rec`, `eval_loss_kl` and `eval_kl`, averaged over the examples. With `OptimusDataCollator` the
+    dataset's text column is kept for the collator even though the model's `forward` does not take it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, logged_terms=("loss_rec", "loss_kl", "kl", "beta"), **kwargs)
+        if self.args.label_names is None:
+            self.label_names = ["labels"]
+
+    def _set_signature_columns_if_needed(self):
+        super()._set_signature_columns_if_needed()
+        text_column = getattr(self.data_collator, "text_column", None)
+        if text_column is not None and text_column not in self._signature_columns:
+            self._signature_columns.append(text_column)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        outputs = model(**inputs)
+        for name in ("loss_rec", "loss_kl"):
+            if outputs.get(name) is not None:  # loss_kl is None when the batch has no encoder side
+                self.record_term(model, name, outputs[name])
+        if outputs.get("mean") is not None:
+            self.record_term(model, "kl", kl_divergence(outputs["mean"], outputs["logvar"]).detach())
+        if model.training:
+            self.record_term(model, "beta", torch.tensor(float(unwrap(model).beta)))
+        return (outputs.loss, outputs) if return_outputs else outputs.loss
+
+
+def finetune_optimus(model, processor, dataset, output_dir=None, max_steps=None, batch_size=8, learning_rate=5e-5,
+                     n_cycles=1, ratio_zero=DEFAULT_RATIO_ZERO, ratio_increase=DEFAULT_RATIO_INCREASE,
+                     logging_steps=50, seed=42, max_length=None, text_column="text", callbacks=(), log_to_stderr=False,
+                     save_steps=None, save_total_limit=2, print_logs=True, args: TrainingArguments | None = None,
+                     **training_kwargs) -> "OptimusTrainer":
+    """Fine-tune `model` on the `text_column` of `dataset` with the original objective (cyclical KL schedule up to
+    `config.beta`, free bits, length weighting as configured); the trained model stays in memory.
+
+    `args` are the `TrainingArguments`; without them they are built (`hf_ext.trainer.training_arguments`) from
+    `output_dir` (the Trainer's working folder), `max_steps`, `batch_size`, `learning_rate`, `logging_steps`, `seed`,
+    `save_steps`/`save_total_limit` and any other `TrainingArguments` field in `training_kwargs`.
+    `log_to_stderr` writes the logs as JSON lines on stderr instead of stdout; `print_logs=False` prints none
+    (`callbacks` still receive them).
+
+    When the arguments save checkpoints (`save_steps`), a run on the same output folder resumes from the newest
+    complete one: the beta schedule and the data order continue where they stopped. Returns the `OptimusTrainer`
+    after training."""
+    if args is None:
+        saving = {"save_strategy": "steps", "save_steps": save_steps, "save_total_limit": save_total_limit} \
+            if save_steps else {}
+        args = training_arguments(output_dir, max_steps=max_steps, per_device_train_batch_size=batch_size,
+                                  learning_rate=learning_rate, logging_steps=logging_steps, seed=seed, **saving,
+                                  **training_kwargs)
+    schedule = BetaScheduleCallback(n_cycles=n_cycles, ratio_zero=ratio_zero, ratio_increase=ratio_increase)
+    trainer = OptimusTrainer(model=model, args=args, train_dataset=dataset,
+                             data_collator=OptimusDataCollator(processor, text_column, max_length),
+                             callbacks=[schedule, *callbacks])
+    if not print_logs:
+        trainer.remove_callback(PrinterCallback)
+    elif log_to_stderr:
+        send_logs_to_stderr(trainer)
+    checkpoint = last_complete_checkpoint(args.output_dir) if args.save_strategy != "no" else None
+    if checkpoint is not None:
+        logger.warning(f"resuming from {checkpoint}")
+    trainer.train(resume_from_checkpoint=checkpoint)
+    return trainer
+
+
+__all__ = ["BetaScheduleCallback", "OptimusDataCollator", "OptimusTrainer", "finetune_optimus", "frange_cycle_linear",
+           "frange_cycle_zero_linear", "load_text_dataset"]

@@ -1,0 +1,466 @@
+"""Training and evaluating the Universal Transformer on the paper's algorithmic tasks (Dehghani et al., ICLR 2019,
+section 3.3): copy, reverse and addition over decimal digits as `datasets` generators, a `Trainer` that logs the
+ponder cost, a same-size vanilla Transformer baseline, char- and sequence-accuracy of greedy `generate()` at lengths
+longer than training (length generalisation), the halting map (per-position ponder time) and LoRA.
+
+The tasks follow tensor2tensor's `algorithmic_{identity,reverse,addition}_decimal40` (`data_generators/algorithmic.py`):
+symbols shifted by two reserved ids (0 padding, 1 end of sequence), an end-of-sequence id appended to inputs and
+targets, addition over lower-endian numbers (least significant digit first) separated by a `+` symbol.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import DataCollatorForSeq2Seq, TrainingArguments
+
+from ...errors import HfExtError
+from ...plots import new_figure
+from ...trainer import TermLoggingTrainer, send_logs_to_stderr, training_arguments
+from . import (
+    UniversalTransformerConfig,
+    UniversalTransformerForSeq2SeqLM,
+)
+
+TASKS = ("copy", "reverse", "addition")
+PAD_TOKEN = "<pad>"
+EOS_TOKEN = "</s>"
+PLUS = "+"
+DIGITS = "0123456789"
+# tensor2tensor's reserved ids first (0 padding, 1 end of sequence), then the digits, then addition's separator
+SYMBOLS = (PAD_TOKEN, EOS_TOKEN, *DIGITS, PLUS)
+SYMBOL_IDS = {symbol: index for index, symbol in enumerate(SYMBOLS)}
+PAD_ID = SYMBOL_IDS[PAD_TOKEN]
+EOS_ID = SYMBOL_IDS[EOS_TOKEN]
+
+# ----- data ---------------------------------------------------------------------------------------------------------
+
+def algorithmic_tokenizer():
+    """A character-level `PreTrainedTokenizerFast` over `SYMBOLS` that appends the end-of-sequence id, as
+    tensor2tensor's algorithmic problems do; it saves and loads with the model folder."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordLevel(SYMBOL_IDS, unk_token=None))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {EOS_TOKEN}",
+                                                             special_tokens=[(EOS_TOKEN, EOS_ID)])
+    tokenizer.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=PAD_TOKEN, eos_token=EOS_TOKEN)
+
+
+def _random_number(rng, length):
+    """A random number as `length` lower-endian digits; only a one-digit number may be 0 (tensor2tensor)."""
+    digits = rng.integers(0, 10, size=length)
+    if length > 1:
+        digits[-1] = rng.integers(1, 10)
+    return "".join(DIGITS[d] for d in digits)
+
+
+def _lower_endian(number):
+    return str(number)[::-1]
+
+
+def algorithmic_examples(task, num_examples, min_length, max_length, seed):
+    """Yield `num_examples` rows of `task` with input lengths drawn uniformly from [min_length, max_length] by a
+    numpy generator seeded with `seed`. Each row holds the `inputs` and `targets` strings, their ids `input_ids` and
+    `labels` (end-of-sequence id appended) and the input's `length` in characters."""
+    rng = np.random.default_rng(seed)
+    for _ in range(num_examples):
+        length = int(rng.integers(min_length, max_length + 1))
+        if task == "addition":
+            first = int(rng.integers(1, length - 1))  # both numbers get at least one digit around the `+`
+            a, b = _random_number(rng, first), _random_number(rng, length - 1 - first)
+            inputs = f"{a}{PLUS}{b}"
+            targets = _lower_endian(int(a[::-1]) + int(b[::-1]))
+        else:
+            inputs = "".join(DIGITS[d] for d in rng.integers(0, 10, size=length))
+            targets = inputs if task == "copy" else inputs[::-1]
+        yield {"inputs": inputs, "targets": targets, "input_ids": [SYMBOL_IDS[c] for c in inputs] + [EOS_ID],
+               "labels": [SYMBOL_IDS[c] for c in targets] + [EOS_ID], "length": length}
+
+
+def algorithmic_dataset(task, num_examples, min_length=1, max_length=40, seed=0):
+    """A `datasets.Dataset` of `algorithmic_examples` (`Dataset.from_generator`, kept in memory).
+
+    Lengths are input lengths: the number of digits for copy and reverse, of digits plus the `+` for addition (which
+    needs at least 3). tensor2tensor draws lengths in [1, 40] for training and [1, 400] for its dev set; the paper's
+    length generalisation trains on lengths up to 40 and tests on 400. Addition splits the length at a uniform point
+    (tensor2tensor draws the first number's length up to half the maximum first)."""
+    from datasets import Dataset, Features, Sequence, Value
+
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    smallest = 3 if task == "addition" else 1
+    for name, value in (("num_examples", num_examples), ("min_length", min_length), ("max_length", max_length)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if min_length < smallest or max_length < min_length:
+        raise ValueError(f"{task} needs {smallest} <= min_length <= max_length, got {min_length} and {max_length}")
+    features = Features({"inputs": Value("string"), "targets": Value("string"),
+                         "input_ids": Sequence(Value("int32")), "labels": Sequence(Value("int32")),
+                         "length": Value("int32")})
+    return Dataset.from_generator(algorithmic_examples, features=features, keep_in_memory=True,
+                                  gen_kwargs={"task": task, "num_examples": num_examples, "min_length": min_length,
+                                              "max_length": max_length, "seed": seed})
+
+
+# ----- models -------------------------------------------------------------------------------------------------------
+
+def algorithmic_config(hidden_size=64, num_attention_heads=4, intermediate_size=256, act_max_steps=6, dropout=0.1,
+                       **overrides):
+    """A small `UniversalTransformerConfig` over the algorithmic vocabulary, with ACT (the paper's setting) and one
+    dropout rate for the inputs, sublayers, attention weights and transition. Label smoothing is off, as in the
+    baseline's loss."""
+    values = dict(vocab_size=len(SYMBOLS), hidden_size=hidden_size, num_attention_heads=num_attention_heads,
+                  intermediate_size=intermediate_size, num_steps=act_max_steps, act_max_steps=act_max_steps,
+                  hidden_dropout_prob=dropout, input_dropout=dropout, attention_dropout=dropout, relu_dropout=dropout,
+                  label_smoothing=0.0, pad_token_id=PAD_ID, eos_token_id=EOS_ID, decoder_start_token_id=PAD_ID)
+    values.update(overrides)
+    return UniversalTransformerConfig(**values)
+
+
+def vanilla_transformer(config, num_layers=None):
+    """The same-size vanilla Transformer baseline of a Universal Transformer `config`: transformers' M2M100 (the
+    fairseq Transformer: pre-norm layers with a final norm, sinusoidal positions added once to embeddings scaled by
+    sqrt(width), embeddings shared by encoder, decoder and softmax, as tensor2tensor's `transformer_base`) with the
+    same width, heads, inner size, activation and dropouts, and `num_layers` separate layers per side (default: the
+    Universal Transformer's most steps, `act_max_steps` with ACT, else `num_steps`). The Universal Transformer applies
+    one shared layer per side that many times at most; the baseline has that many layers' weights.
+
+    Differences that stay: biases in the attention projections, no halting, the decoder starts from the
+    end-of-sequence id (fairseq's convention) and positions count from 2 (fairseq's padding offset)."""
+    from transformers import M2M100Config, M2M100ForConditionalGeneration
+
+    if config.attention_key_depth != config.hidden_size or config.attention_value_depth != config.hidden_size:
+        raise ValueError("the vanilla Transformer baseline needs attention key and value depths equal to hidden_size")
+    layers = num_layers or config.num_step_signals
+    baseline = M2M100Config(
+        vocab_size=config.vocab_size, d_model=config.hidden_size, encoder_layers=layers, decoder_layers=layers,
+        encoder_attention_heads=config.num_attention_heads, decoder_attention_heads=config.num_attention_heads,
+        encoder_ffn_dim=config.intermediate_size, decoder_ffn_dim=config.intermediate_size,
+        activation_function="relu", dropout=config.hidden_dropout_prob, attention_dropout=config.attention_dropout,
+        activation_dropout=config.relu_dropout, encoder_layerdrop=0.0, decoder_layerdrop=0.0, scale_embedding=True,
+        pad_token_id=config.pad_token_id, eos_token_id=config.eos_token_id, bos_token_id=config.eos_token_id,
+        decoder_start_token_id=config.eos_token_id, tie_word_embeddings=True, max_position_embeddings=64)
+    return M2M100ForConditionalGeneration(baseline)
+
+
+def count_parameters(model):
+    """Distinct trainable parameters (tied weights counted once)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+# ----- training -----------------------------------------------------------------------------------------------------
+
+class UniversalTransformerTrainer(TermLoggingTrainer):
+    """`Trainer` that also logs the ACT ponder cost: `ponder_cost` (the sum of both sides' for a seq2seq model),
+    `encoder_ponder_cost` and `decoder_ponder_cost`, each the mean over the logging window and the processes
+    (`eval_*`: the mean over evaluation batches). Models without ACT (the baseline) log nothing extra."""
+
+    LOGGED_TERMS = ("ponder_cost", "encoder_ponder_cost", "decoder_ponder_cost")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, logged_terms=self.LOGGED_TERMS, **kwargs)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        outputs = model(**inputs)
+        for name in self.LOGGED_TERMS:
+            if outputs.get(name) is not None:
+                self.record_term(model, name, outputs[name])
+        return (outputs.loss, outputs) if return_outputs else outputs.loss
+
+
+class PositionOffsetCollator:
+    """Seq2seq collator that shifts every training example to start at a random position, so that positions beyond
+    the training length are seen in training (the paper trains its Universal Transformers for the algorithmic tasks
+    with positions starting at randomized offsets, section 3.3; tensor2tensor's `position_start_index="random"`).
+
+    The shift is left padding: the Universal Transformer adds the position signal by slot index and masks padding
+    out of attention and ACT, so `k` pads in front put the example at positions `k, k+1, ...`. Encoder and decoder
+    each draw an offset per example, uniformly from `[0, max_offset)`. tensor2tensor instead draws one offset per
+    batch from `[0, batch length)` anew at every recurrent step, in evaluation too; that needs the model to take a
+    position offset, which it does not."""
+
+    def __init__(self, max_offset: int, seed: int = 0, pad_token_id: int = PAD_ID,
+                 decoder_start_token_id: int = PAD_ID):
+        if max_offset < 1:
+            raise ValueError(f"max_offset must be at least 1, got {max_offset}")
+        self.max_offset = max_offset
+        self.pad_token_id = pad_token_id
+        self.decoder_start_token_id = decoder_start_token_id
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        rows = {name: [] for name in ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask",
+                                      "labels")}
+        for feature in features:
+            inputs, labels = list(feature["input_ids"]), list(feature["labels"])
+            encoder_offset, decoder_offset = (int(k) for k in self.rng.integers(0, self.max_offset, size=2))
+            rows["input_ids"].append([self.pad_token_id] * encoder_offset + inputs)
+            rows["attention_mask"].append([0] * encoder_offset + [1] * len(inputs))
+            rows["decoder_input_ids"].append([self.pad_token_id] * decoder_offset + [self.decoder_start_token_id]
+                                             + labels[:-1])
+            rows["decoder_attention_mask"].append([0] * decoder_offset + [1] * len(labels))
+            rows["labels"].append([-100] * decoder_offset + labels)
+        padding = {"input_ids": self.pad_token_id, "decoder_input_ids": self.pad_token_id, "labels": -100}
+        return {name: torch.nn.utils.rnn.pad_sequence([torch.as_tensor(row) for row in values], batch_first=True,
+                                                      padding_value=padding.get(name, 0))
+                for name, values in rows.items()}
+
+
+def train_algorithmic(model: torch.nn.Module, train_dataset, output_dir=None, max_steps: int | None = None,
+                      batch_size: int = 32, learning_rate: float = 1e-3, warmup_steps: int | None = None,
+                      logging_steps: int = 50, seed: int = 0, callbacks=(), log_to_stderr: bool = False,
+                      position_offsets: int = 0, args: TrainingArguments | None = None,
+                      **training_kwargs) -> UniversalTransformerTrainer:
+    """Train a seq2seq model (`UniversalTransformerForSeq2SeqLM`, the baseline, or a PEFT wrapper) on an
+    `algorithmic_dataset` with `UniversalTransformerTrainer` (AdamW, linear warm-up over `warmup_steps`, default a
+    tenth of the run, then linear decay). `output_dir` is the Trainer's working folder; the trained model stays in
+    memory. `args` are the `TrainingArguments`; without them they are built (`hf_ext.trainer.training_arguments`)
+    from `output_dir`, `max_steps`, the other settings here and any `TrainingArguments` field in `training_kwargs`.
+    `log_to_stderr` writes the logs as JSON lines on stderr instead of stdout. `position_offsets` > 0 starts every
+    training example at a random position below it (`PositionOffsetCollator`; Universal Transformers only). Returns
+    the trainer."""
+    if args is None:
+        args = training_arguments(
+            output_dir, max_steps=max_steps, per_device_train_batch_size=batch_size, learning_rate=learning_rate,
+            warmup_steps=max_steps // 10 if warmup_steps is None else warmup_steps, logging_steps=logging_steps,
+            seed=seed, **training_kwargs)
+    if position_offsets:
+        if getattr(model.config, "model_type", None) != UniversalTransformerConfig.model_type:
+            raise ValueError("position_offsets shifts positions by left padding, which only the Universal "
+                             f"Transformer counts as positions, not a {model.config.model_type!r} model")
+        collator = PositionOffsetCollator(position_offsets, seed=args.seed, pad_token_id=model.config.pad_token_id,
+                                          decoder_start_token_id=model.config.decoder_start_token_id)
+    else:
+        collator = DataCollatorForSeq2Seq(algorithmic_tokenizer())
+    trainer = UniversalTransformerTrainer(model=model, args=args, train_dataset=train_dataset,
+                                          data_collator=collator, callbacks=list(callbacks))
+    if log_to_stderr:
+        send_logs_to_stderr(trainer)
+    trainer.train()
+    return trainer
+
+
+# ----- evaluation ---------------------------------------------------------------------------------------------------
+
+def _strip(ids, eos_token_id):
+    """Token ids up to (not including) the first end-of-sequence id."""
+    ids = list(ids)
+    return ids[:ids.index(eos_token_id)] if eos_token_id in ids else ids
+
+
+@torch.no_grad()
+def greedy_predictions(model, input_ids, batch_size=64, pad_token_id=PAD_ID, eos_token_id=EOS_ID):
+    """Greedy `generate()` output for each input id list, cut at the end-of-sequence id (which is left out). Inputs
+    are batched by length; each batch may generate as many tokens as its longest input plus one, so a prediction can
+    run past a target of its input's length."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    predictions = [None] * len(input_ids)
+    order = sorted(range(len(input_ids)), key=lambda i: len(input_ids[i]))
+    try:
+        for start in range(0, len(order), batch_size):
+            rows = order[start:start + batch_size]
+            batch = torch.nn.utils.rnn.pad_sequence([torch.as_tensor(input_ids[i]) for i in rows], batch_first=True,
+                                                    padding_value=pad_token_id).to(device)
+            output = model.generate(input_ids=batch, attention_mask=(batch != pad_token_id).long(),
+                                    max_new_tokens=batch.shape[1] + 1, do_sample=False, num_beams=1,
+                                    eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+            for row, ids in zip(rows, output[:, 1:].tolist()):  # the first id is the decoder's start
+                predictions[row] = _strip(ids, eos_token_id)
+    finally:
+        model.train(was_training)
+    return predictions
+
+
+def evaluate_algorithmic(model, dataset, batch_size=64):
+    """Char- and sequence-accuracy (the offline `algorithmic_accuracy` metric) of greedy `generate()` on an
+    `algorithmic_dataset`: `{"char_accuracy", "sequence_accuracy", "num_examples"}`."""
+    from ...metrics import load_metric
+
+    predictions = greedy_predictions(model, dataset["input_ids"], batch_size)
+    references = [_strip(labels, EOS_ID) for labels in dataset["labels"]]
+    return load_metric("algorithmic_accuracy").compute(predictions=predictions, references=references)
+
+
+@torch.no_grad()
+def teacher_forced_accuracy(model: torch.nn.Module, dataset, batch_size: int = 64) -> dict:
+    """Char- and sequence-accuracy of the model's next-symbol predictions with the true targets fed to the decoder
+    (teacher forcing), as tensor2tensor evaluates (`utils/t2t_model.py` runs the model on the targets in EVAL mode
+    unless `eval_run_autoregressive`; `utils/metrics.py`'s `padded_accuracy` and `padded_sequence_accuracy` take the
+    argmax of those logits). As there, every target position counts, the end-of-sequence id included. Returns
+    `{"char_accuracy", "sequence_accuracy", "num_examples"}`."""
+    if len(dataset) == 0:
+        raise ValueError("teacher_forced_accuracy needs at least one example")
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    collator = DataCollatorForSeq2Seq(algorithmic_tokenizer())
+    input_ids, labels = dataset["input_ids"], dataset["labels"]
+    order = sorted(range(len(labels)), key=lambda i: len(labels[i]))  # batches of similar lengths pad little
+    correct = total = exact = 0
+    try:
+        for start in range(0, len(order), batch_size):
+            rows = order[start:start + batch_size]
+            batch = collator([{"input_ids": input_ids[i], "labels": labels[i]} for i in rows])
+            batch = {name: values.to(device) for name, values in batch.items()}
+            predictions = model(**batch).logits.argmax(dim=-1)
+            targets = batch["labels"] != -100
+            matches = (predictions == batch["labels"]) & targets
+            correct += int(matches.sum())
+            total += int(targets.sum())
+            exact += int((matches.sum(dim=1) == targets.sum(dim=1)).sum())
+    finally:
+        model.train(was_training)
+    return {"char_accuracy": correct / total, "sequence_accuracy": exact / len(dataset), "num_examples": len(dataset)}
+
+
+@dataclass
+class AlgorithmicRun:
+    """One model trained on a task and its accuracy at the training lengths and at longer ones: greedy decoding
+    (`train_lengths`, `longer_lengths`) and teacher forcing (`teacher_forced_train_lengths`,
+    `teacher_forced_longer_lengths`)."""
+
+    name: str
+    model: torch.nn.Module
+    parameters: int
+    train_loss: float
+    train_seconds: float
+    train_lengths: dict
+    longer_lengths: dict
+    teacher_forced_train_lengths: dict
+    teacher_forced_longer_lengths: dict
+    log_history: list
+
+
+def run_algorithmic(task: str, model: torch.nn.Module, name: str, train_length: int = 20, test_length: int = 40,
+                    num_train: int = 20000, num_test: int = 200, max_steps: int = 1500, batch_size: int = 32,
+                    learning_rate: float = 1e-3, seed: int = 0, output_dir=None, eval_batch_size: int = 64,
+                    log_to_stderr: bool = False, position_offsets: int = 0, **training_kwargs) -> AlgorithmicRun:
+    """Train `model` on `task` with input lengths in [1, train_length] (addition: [3, train_length]) and evaluate it
+    with greedy decoding and with teacher forcing on `num_test` new examples at the training lengths and `num_test`
+    at the longer lengths (train_length, test_length]. `position_offsets` goes to `train_algorithmic`. Returns an
+    `AlgorithmicRun`."""
+    import tempfile
+    import time
+
+    if test_length <= train_length:
+        raise ValueError(f"test_length ({test_length}) must exceed train_length ({train_length})")
+    shortest = 3 if task == "addition" else 1
+    # separate seeds: the test sets never share the training set's random stream
+    train = algorithmic_dataset(task, num_train, shortest, train_length, seed=seed)
+    same = algorithmic_dataset(task, num_test, shortest, train_length, seed=seed + 1)
+    longer = algorithmic_dataset(task, num_test, train_length + 1, test_length, seed=seed + 2)
+    torch.manual_seed(seed)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        trainer = train_algorithmic(model, train, output_dir or scratch, max_steps, batch_size=batch_size,
+                                    learning_rate=learning_rate, seed=seed, log_to_stderr=log_to_stderr,
+                                    position_offsets=position_offsets, **training_kwargs)
+    train_seconds = time.perf_counter() - started
+    return AlgorithmicRun(
+        name=name, model=model, parameters=count_parameters(model),
+        train_loss=trainer.state.log_history[-1].get("train_loss"), train_seconds=train_seconds,
+        train_lengths=evaluate_algorithmic(model, same, eval_batch_size),
+        longer_lengths=evaluate_algorithmic(model, longer, eval_batch_size),
+        teacher_forced_train_lengths=teacher_forced_accuracy(model, same, eval_batch_size),
+        teacher_forced_longer_lengths=teacher_forced_accuracy(model, longer, eval_batch_size),
+        log_history=trainer.state.log_history)
+
+
+# ----- halting map --------------------------------------------------------------------------------------------------
+
+@dataclass
+class HaltingRow:
+    """Ponder time (steps N plus remainder R) of each position of one side, labelled with its tokens."""
+
+    side: str
+    tokens: list
+    ponder_time: list
+
+
+# a map is one column per position: past a few hundred it is unreadable, and ACT over thousands of positions (and a
+# greedy output as long) takes minutes
+MAX_HALTING_MAP_TOKENS = 512
+
+
+@torch.no_grad()
+def halting_map(model, tokenizer, text, max_new_tokens=None):
+    """The per-position ponder time N + R of `text` under a Universal Transformer with ACT: the encoder's over the
+    input tokens and, for a seq2seq model, the decoder's over its greedy output (each decoder position labelled with
+    the token it predicts). Returns a list of `HaltingRow`."""
+    config = model.config
+    if getattr(config, "model_type", None) != UniversalTransformerConfig.model_type:
+        raise HfExtError(f"a halting map needs a Universal Transformer, got a {config.model_type!r} model")
+    if not config.use_act:
+        raise HfExtError("the model has ACT switched off (use_act=False): every position takes the same steps")
+    try:
+        input_ids = tokenizer(text, return_tensors="pt")["input_ids"]
+    except Exception as error:  # noqa: BLE001 - tokenizers raise plain Exceptions for unknown characters
+        raise HfExtError(f"cannot tokenize {text!r}: {str(error).splitlines()[0]}") from None
+    if input_ids.shape[1] == 0:
+        raise HfExtError("the input is empty")
+    for what, length in (("the input", input_ids.shape[1]), ("the output (max_new_tokens)", max_new_tokens or 0)):
+        if length > MAX_HALTING_MAP_TOKENS:
+            raise HfExtError(f"{what} has {length} tokens; a halting map takes at most {MAX_HALTING_MAP_TOKENS}")
+    was_training = model.training
+    model.eval()
+    try:
+        input_ids = input_ids.to(next(model.parameters()).device)
+        tokens = tokenizer.convert_ids_to_tokens(input_ids[0].tolist())
+        if not isinstance(model, UniversalTransformerForSeq2SeqLM):
+            encoder = model(input_ids=input_ids)
+            return [HaltingRow("encoder", tokens, _ponder_time(encoder.n_updates, encoder.remainders))]
+        generated = model.generate(input_ids=input_ids, max_new_tokens=max_new_tokens or input_ids.shape[1] + 1,
+                                   do_sample=False, num_beams=1)
+        outputs = model(input_ids=input_ids, decoder_input_ids=generated[:, :-1])
+        return [HaltingRow("encoder", tokens, _ponder_time(outputs.encoder_n_updates, outputs.encoder_remainders)),
+                HaltingRow("decoder", tokenizer.convert_ids_to_tokens(generated[0, 1:].tolist()),
+                           _ponder_time(outputs.decoder_n_updates, outputs.decoder_remainders))]
+    finally:
+        model.train(was_training)
+
+
+def _ponder_time(n_updates, remainders):
+    return (n_updates + remainders)[0].float().tolist()
+
+
+def plot_halting_map(rows, path, title=None, max_annotated=48):
+    """PNG (or any matplotlib format, from `path`'s suffix) of `halting_map` rows: one heatmap strip per side with
+    a position per column, coloured by ponder time N + R on one shared scale, tokens under the columns and the
+    values written in the cells when a side has at most `max_annotated` positions."""
+    rows = [row for row in rows if row.ponder_time]
+    if not rows:
+        raise HfExtError("no positions to plot")
+    longest = max(len(row.ponder_time) for row in rows)
+    low = min(min(row.ponder_time) for row in rows)
+    high = max(max(row.ponder_time) for row in rows)
+    figure = new_figure(min(max(4.0, 0.35 * longest + 2.0), 40.0), 1.3 * len(rows) + 0.8)
+    axes = figure.subplots(len(rows), 1, squeeze=False)[:, 0]
+    image = None
+    for axis, row in zip(axes, rows):
+        values = np.asarray(row.ponder_time, dtype=np.float64)[None]
+        image = axis.imshow(values, aspect="auto", cmap="viridis", vmin=low, vmax=max(high, low + 1e-6))
+        axis.set_yticks([0], [row.side])
+        step = max(1, len(row.tokens) // 60)  # long inputs: label every step-th position
+        axis.set_xticks(range(0, len(row.tokens), step), row.tokens[::step], fontsize=8)
+        if len(row.ponder_time) <= max_annotated:
+            middle = (low + high) / 2
+            for position, value in enumerate(row.ponder_time):
+                axis.text(position, 0, f"{value:.1f}", ha="center", va="center", fontsize=7,
+                          color="black" if value > middle else "white")
+    figure.colorbar(image, ax=list(axes), label="ponder time N + R", shrink=0.9)
+    figure.suptitle(title or "Halting map (steps per position)")
+    figure.savefig(Path(path), dpi=100)
+    return Path(path)
+
+
+__all__ = ["AlgorithmicRun", "HaltingRow", "PositionOffsetCollator", "SYMBOLS", "TASKS",
+           "UniversalTransformerTrainer", "algorithmic_config", "algorithmic_dataset",
+           "algorithmic_examples", "algorithmic_tokenizer", "count_parameters", "evaluate_algorithmic",
+           "greedy_predictions", "halting_map", "plot_halting_map", "run_algorithmic", "teacher_forced_accuracy",
+           "train_algorithmic", "vanilla_transformer"]

@@ -1,0 +1,221 @@
+"""What every model's training here shares: `TrainingArguments` with the package's defaults, logging named loss
+terms beside the loss, JSON log lines on stderr for command-line runs, resuming from the newest complete checkpoint,
+the output folder of a training command, and PEFT calls without its expected warnings."""
+
+import contextlib
+import json
+import re
+import shutil
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import logging
+
+from .output import atomic_output_dir
+
+logger = logging.get_logger(__name__)
+TRAINER_STATE = "trainer_state.json"
+LOG_HISTORY = "log_history.json"
+EVAL_RESULTS = "eval_results.json"
+
+
+class StderrLogCallback(TrainerCallback):
+    """Writes each log entry as one JSON line on stderr, for command-line runs whose stdout is machine-readable
+    (use it instead of the `PrinterCallback`/`ProgressCallback` that `Trainer` installs)."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            # one write per line, so that a Ctrl-C cannot leave a line unfinished for the error to be glued to
+            sys.stderr.write(json.dumps({"step": state.global_step, **logs}) + "\n")
+
+
+def send_logs_to_stderr(trainer):
+    """Send `trainer`'s logs to stderr as JSON lines instead of printing them on stdout."""
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(StderrLogCallback())
+
+
+def last_complete_checkpoint(folder: str | Path) -> str | None:
+    """The newest `checkpoint-<step>` folder in `folder` that `Trainer` finished writing, for
+    `train(resume_from_checkpoint=...)`; None when there is none.
+
+    `Trainer` writes a checkpoint in place and its `trainer_state.json` last, so a checkpoint without a readable one was
+    interrupted while being saved (Ctrl-C, SIGTERM, a full disk). Such folders are removed here: resuming from one
+    fails, and `save_total_limit` rotation would count it as the newest and delete the complete ones."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    pattern = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
+    checkpoints = sorted((path for path in folder.iterdir() if path.is_dir() and pattern.fullmatch(path.name)),
+                         key=lambda path: int(pattern.fullmatch(path.name).group(1)))
+    complete = None
+    for checkpoint in checkpoints:
+        if _readable_json(checkpoint / TRAINER_STATE):
+            complete = checkpoint
+        else:
+            logger.warning(f"removing {checkpoint}: its save was interrupted (no complete {TRAINER_STATE})")
+            shutil.rmtree(checkpoint, ignore_errors=True)
+    return str(complete) if complete is not None else None
+
+
+def _readable_json(path):
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+class TermMeans:
+    """Running sums and counts of a fixed list of named terms, kept on the device and reduced across processes only
+    when read, so that a logging window costs one collective. The list is fixed so that every process reduces the
+    same tensor, whichever terms its own batches produced."""
+
+    def __init__(self, names, device):
+        self.names = list(names)
+        self.index = {name: i for i, name in enumerate(self.names)}
+        dtype = torch.float32 if torch.device(device).type == "mps" else torch.float64  # MPS has no float64
+        self.totals = torch.zeros(2, len(self.names), dtype=dtype, device=device)
+
+    def add(self, name, value, count=1):
+        """Add `value` (a tensor: one term, or the sum of `count` of them) to the running sum of `name`."""
+        i = self.index[name]
+        self.totals[0, i] += value.detach().to(self.totals.dtype)
+        self.totals[1, i] += count
+
+    def reset(self):
+        """Forget what was added (a window a previous run left unlogged)."""
+        self.totals.zero_()
+
+    def means(self, accelerator):
+        """`{name: mean}` over every process of the terms added since the last call (names never added are left
+        out), then starts again. Every process must call it."""
+        sums, counts = accelerator.reduce(self.totals.clone(), reduction="sum").tolist()
+        self.reset()
+        return {name: total / count for name, total, count in zip(self.names, sums, counts) if count}
+
+
+class TermLoggingTrainer(Trainer):
+    """`Trainer` that logs named terms beside the loss (`logged_terms`): training logs the mean of each over the
+    logging window and the processes, evaluation `eval_<name>`, the mean over the evaluation and the processes.
+
+    Subclasses report terms from `compute_loss` with `record_term`; a per-example tensor is averaged over the
+    examples of the whole evaluation, without the samples a distributed sampler repeats to even out the last batch.
+    """
+
+    def __init__(self, *args, logged_terms=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.train_terms = TermMeans(logged_terms, self.args.device)
+        self.eval_terms = TermMeans(logged_terms, self.args.device)
+        self.resumed_from_step = 0
+        self.add_callback(_ResumeStepCallback(self))
+
+    def record_term(self, model, name, value):
+        """Add one batch's `name`: a scalar, or (at evaluation) one value per example."""
+        if model.training or value.dim() == 0:
+            (self.train_terms if model.training else self.eval_terms).add(name, value.mean())
+        else:
+            # every process holds the same gathered values, so sums and counts scale alike and the mean is exact
+            gathered = self.accelerator.gather_for_metrics(value.detach())
+            self.eval_terms.add(name, gathered.sum(), gathered.numel())
+
+    def train(self, *args, **kwargs):
+        self.train_terms.reset()  # a window a previous run left unlogged
+        return super().train(*args, **kwargs)
+
+    def log(self, logs, start_time=None):
+        # `log` runs on every process, so the reductions pair up across ranks
+        if "loss" in logs:
+            logs.update(self.train_terms.means(self.accelerator))
+        if "train_loss" in logs and self.resumed_from_step:
+            logs["train_loss"] = self._whole_run_train_loss()
+        super().log(logs, start_time)
+
+    def _whole_run_train_loss(self):
+        """The mean training loss of a resumed run over all its steps, not only those since the resume (what
+        `Trainer` reports): the logged windows before the resume point, each weighted by its steps, plus the losses
+        of this run. Steps after the last window logged before the checkpoint have no recorded loss and are left
+        out of the mean."""
+        before, total, previous = 0, 0.0, 0
+        for entry in self.state.log_history:
+            if "loss" in entry and entry["step"] <= self.resumed_from_step:
+                total += entry["loss"] * (entry["step"] - previous)
+                before = previous = entry["step"]
+        steps_now = self.state.global_step - self.resumed_from_step
+        return (total + self._total_loss_scalar) / max(before + steps_now, 1)
+
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix="eval"):
+        self.eval_terms.reset()
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
+                                         metric_key_prefix)
+        output.metrics.update({f"{metric_key_prefix}_{name}": value
+                               for name, value in self.eval_terms.means(self.accelerator).items()})
+        return output
+
+
+class _ResumeStepCallback(TrainerCallback):
+    """Records the step a `train()` call starts from (after `Trainer` loaded a resumed checkpoint's state)."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer.resumed_from_step = state.global_step
+
+
+@contextlib.contextmanager
+def quiet_peft():
+    """PEFT without the warnings that need no action here: it reads transformers' deprecated
+    `is_gradient_checkpointing`, and it warns for every layer whose type contradicts the config's single
+    `fan_in_fan_out` before using the right value for that layer (expected with BERT Linear and GPT-2 Conv1D targets
+    together)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=re.escape("fan_in_fan_out is set to"))
+        yield
+
+
+def training_arguments(output_dir: str | Path, **settings) -> TrainingArguments:
+    """`TrainingArguments` with hf-ext's defaults, which `settings` override: no reporting integrations, memory
+    pinned only where CUDA is, and no checkpoints unless a save strategy is given. Each model's training function
+    takes `TrainingArguments` (`args=`) or builds them here from its keyword arguments."""
+    defaults = {"report_to": [], "dataloader_pin_memory": torch.cuda.is_available(), "save_strategy": "no"}
+    return TrainingArguments(output_dir=str(output_dir), **{**defaults, **settings})
+
+
+@contextlib.contextmanager
+def training_output(out: str | Path, overwrite: bool = False) -> Iterator[tuple[Path, Path]]:
+    """`(staging, scratch)` for a training command: the output folder, written atomically (it appears only when the
+    block completes, see `hf_ext.output`), and a scratch folder for the Trainer's working files, removed after."""
+    with atomic_output_dir(out, overwrite) as staging, tempfile.TemporaryDirectory() as scratch:
+        yield staging, Path(scratch)
+
+
+def save_training_run(folder: str | Path, trainer: Trainer, processor=None, metrics: dict | None = None,
+                      model: torch.nn.Module | None = None) -> None:
+    """What a training command leaves in its output folder: the trained model (`trainer.model`, or `model`; a PEFT
+    model saves its adapter and the modules it trains in full), its processor or tokenizer, `log_history.json` and,
+    with `metrics`, `eval_results.json`."""
+    folder = Path(folder)
+    (model or trainer.model).save_pretrained(folder)
+    if processor is not None:
+        processor.save_pretrained(folder)
+    (folder / LOG_HISTORY).write_text(json.dumps(trainer.state.log_history, indent=1))
+    if metrics:
+        (folder / EVAL_RESULTS).write_text(json.dumps(metrics, indent=1))
+
+
+def print_summary(output_dir: str | Path, trainer: Trainer | None = None, **fields) -> None:
+    """A training command's result: one JSON line on stdout (its logs go to stderr) with the output folder, the
+    `trainer`'s steps and final training loss, and `fields`."""
+    if trainer is not None:
+        losses = [entry["train_loss"] for entry in trainer.state.log_history if "train_loss" in entry]
+        fields = {"steps": trainer.state.global_step, "train_loss": losses[-1] if losses else None, **fields}
+    print(json.dumps({"output_dir": str(output_dir), **fields}))

@@ -1,0 +1,124 @@
+"""Optimus's two classes against the common model checks (`conformance.py`), and the regressions of issue #17 that
+concern them."""
+
+import pytest
+import torch
+from conformance import GenerationConformance, ModelConformance
+
+from hf_ext import OptimusForSequenceClassification, OptimusModel
+from hf_ext.models.optimus.samples import tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+BATCH, ENCODER_LENGTH, DECODER_LENGTH = 2, 7, 6
+DECODER_BASE_VOCAB = 30  # <PAD>, <BOS>, <EOS> follow
+PAD, BOS, EOS = DECODER_BASE_VOCAB, DECODER_BASE_VOCAB + 1, DECODER_BASE_VOCAB + 2
+NO_GRADIENT_CHECKPOINTING = ("the latent memory lives in the decoder's KV cache, which gradient checkpointing "
+                             "turns off in training")
+
+
+class OptimusTester(ModelConformance):
+    not_applicable = {"test_gradient_checkpointing_gives_the_same_gradients": NO_GRADIENT_CHECKPOINTING}
+
+    def config(self, **overrides):
+        return tiny_config(50, DECODER_BASE_VOCAB, latent_size=8, hidden_size=16, num_layers=2, num_heads=2,
+                           **overrides)
+
+    def source(self, config):
+        generator = torch.Generator().manual_seed(0)
+        input_ids = torch.randint(1, config.encoder.vocab_size, (BATCH, ENCODER_LENGTH), generator=generator)
+        attention_mask = torch.ones(BATCH, ENCODER_LENGTH, dtype=torch.long)
+        attention_mask[1, -2:] = 0
+        return {"input_ids": input_ids.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask}
+
+    def encoder_shapes(self, config, kind, prefix):
+        encoder = config.encoder
+        if kind == "hidden_states":
+            return {f"{prefix}hidden_states": [(BATCH, ENCODER_LENGTH, encoder.hidden_size)]
+                    * (encoder.num_hidden_layers + 1)}
+        return {f"{prefix}attentions": [(BATCH, encoder.num_attention_heads, ENCODER_LENGTH, ENCODER_LENGTH)]
+                * encoder.num_hidden_layers}
+
+
+class TestOptimusModel(OptimusTester, GenerationConformance):
+    model_class = OptimusModel
+
+    def inputs(self, config, labels=False):
+        inputs = self.source(config)
+        body = torch.randint(0, DECODER_BASE_VOCAB, (BATCH, DECODER_LENGTH - 2),
+                             generator=torch.Generator().manual_seed(1))
+        sentences = torch.cat([torch.full((BATCH, 1), BOS), body, torch.full((BATCH, 1), EOS)], dim=1)
+        sentences[1, -2:] = torch.tensor([EOS, PAD])  # one shorter sentence
+        inputs["labels" if labels else "decoder_input_ids"] = sentences
+        return inputs
+
+    def output_shapes(self, config, inputs, outputs, kind):
+        decoder = config.decoder
+        shapes = self.encoder_shapes(config, kind, "encoder_")
+        if kind == "hidden_states":
+            shapes["hidden_states"] = [(BATCH, DECODER_LENGTH, decoder.n_embd)] * (decoder.n_layer + 1)
+        else:  # the keys start with the latent memory slot
+            shapes["attentions"] = [(BATCH, decoder.n_head, DECODER_LENGTH, DECODER_LENGTH + 1)] * decoder.n_layer
+        return shapes
+
+    def generation_inputs(self, model):
+        latent_z = torch.randn(BATCH, model.config.latent_size, generator=torch.Generator().manual_seed(2))
+        return {"input_ids": torch.tensor([[BOS, 3], [BOS, 7]]), "latent_z": latent_z}
+
+    def next_token_logits(self, model, generation_inputs, sequences):
+        return model(decoder_input_ids=sequences, latent_z=generation_inputs["latent_z"]).logits[:, -1]
+
+
+class TestOptimusForSequenceClassification(OptimusTester):
+    model_class = OptimusForSequenceClassification
+
+    def inputs(self, config, labels=False):
+        inputs = self.source(config)
+        if labels:
+            inputs["labels"] = torch.tensor([0, 1])
+        return inputs
+
+    def output_shapes(self, config, inputs, outputs, kind):
+        return self.encoder_shapes(config, kind, "")
+
+
+# ----- regressions of issue #17 -----
+
+def test_return_dict_false_gives_a_tuple():
+    """#17.2: `return_dict=False` no longer reaches GPT-2 and breaks `_decode`; the tuple starts with the loss."""
+    tester = TestOptimusModel()
+    model = tester.model()
+    inputs = tester.inputs(model.config, labels=True)
+    with torch.no_grad():
+        as_tuple = model(**inputs, return_dict=False)
+        as_dict = model(**inputs)
+    assert isinstance(as_tuple, tuple)
+    torch.testing.assert_close(as_tuple[0], as_dict.loss)
+
+
+def test_the_classifier_can_replace_its_input_embeddings():
+    """#17.4: `set_input_embeddings` exists beside `get_input_embeddings`."""
+    model = TestOptimusForSequenceClassification().model()
+    replacement = torch.nn.Embedding(50, 16)
+    model.set_input_embeddings(replacement)
+    assert model.get_input_embeddings() is replacement and model.encoder.embeddings.word_embeddings is replacement
+
+
+def test_attentions_and_hidden_states_are_found_under_the_common_names():
+    """#17.6 and #17.8: the decoder's hidden states and attention weights are `hidden_states` / `attentions` (what
+    generate() and generic code read), the encoder's are `encoder_*`; the config's switches work too."""
+    tester = TestOptimusModel()
+    model = tester.model(tester.config(output_attentions=True, output_hidden_states=True),
+                         attn_implementation="eager")
+    with torch.no_grad():
+        outputs = model(**tester.inputs(model.config))
+    for name in ("hidden_states", "attentions", "encoder_hidden_states", "encoder_attentions"):
+        assert outputs[name] is not None, name
+    assert "decoder_hidden_states" not in outputs
+
+
+def test_get_encoder_takes_a_modality():
+    """#17.3: transformers' exporter calls `get_encoder(modality=...)`; a text model has no modal encoder."""
+    model = TestOptimusModel().model()
+    assert model.get_encoder() is model.encoder and model.get_decoder() is model.decoder
+    assert model.get_encoder(modality="image") is model and model.get_encoder(modality="audio") is model

@@ -1,0 +1,199 @@
+"""The Universal Transformer's three classes against the common model checks (`conformance.py`), and the regressions
+of issue #17 that concern them."""
+
+import pytest
+import torch
+from conformance import GenerationConformance, ModelConformance
+
+from hf_ext import (
+    UniversalTransformerConfig,
+    UniversalTransformerForSeq2SeqLM,
+    UniversalTransformerForSequenceClassification,
+    UniversalTransformerModel,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+BATCH, LENGTH, TARGET_LENGTH = 2, 7, 5
+
+
+class UniversalTransformerTester(ModelConformance):
+    # with ACT the number of steps depends on the data (see test_act_has_a_data_dependent_graph); fixed depth is static
+    static_graph_overrides = {"use_act": False}
+    no_dropout = dict(hidden_dropout_prob=0.0, input_dropout=0.0, attention_dropout=0.0, relu_dropout=0.0)
+
+    def config(self, **overrides):
+        # a halting bias of 0 lets positions halt after different numbers of steps
+        values = dict(vocab_size=40, hidden_size=16, num_attention_heads=2, intermediate_size=24, num_steps=3,
+                      act_max_steps=5, act_halting_bias_init=0.0, act_halted_state="frozen", label_smoothing=0.0,
+                      num_labels=3)
+        return UniversalTransformerConfig(**{**values, **overrides})
+
+    def model(self, config=None, seed=0, **kwargs):
+        model = super().model(config, seed, **kwargs)
+        with torch.no_grad():  # a random halting unit, so that positions halt at different steps
+            generator = torch.Generator().manual_seed(seed)
+            for name, parameter in model.named_parameters():
+                if name.endswith("halting.weight"):
+                    parameter.copy_(0.5 * torch.randn(parameter.shape, generator=generator))
+        return model
+
+    def source(self, config):
+        generator = torch.Generator().manual_seed(0)
+        input_ids = torch.randint(2, config.vocab_size, (BATCH, LENGTH), generator=generator)
+        attention_mask = torch.ones(BATCH, LENGTH, dtype=torch.long)
+        attention_mask[1, -2:] = 0  # one padded row
+        return {"input_ids": input_ids.masked_fill(attention_mask == 0, config.pad_token_id),
+                "attention_mask": attention_mask}
+
+    @staticmethod
+    def steps(config, n_updates):
+        return int(n_updates.max()) if config.use_act else config.num_steps
+
+    def encoder_shapes(self, config, outputs, kind, prefix=""):
+        n_updates = getattr(outputs, f"{prefix}n_updates")
+        if kind == "hidden_states":
+            count, shape = self.steps(config, n_updates) + 1, (BATCH, LENGTH, config.hidden_size)
+        else:
+            count, shape = self.steps(config, n_updates), (BATCH, config.num_attention_heads, LENGTH, LENGTH)
+        return {f"{prefix}{kind}": [shape] * count}
+
+
+class TestUniversalTransformerModel(UniversalTransformerTester):
+    model_class = UniversalTransformerModel
+    not_applicable = {"test_loss_comes_first": "the encoder has no loss (it returns the ponder cost)"}
+
+    def inputs(self, config, labels=False):
+        return self.source(config)
+
+    def output_shapes(self, config, inputs, outputs, kind):
+        return self.encoder_shapes(config, outputs, kind)
+
+    def training_objective(self, outputs):
+        # the encoder has no loss: its ponder cost (reaching the halting unit) and a function of its output
+        return outputs.ponder_cost + outputs.last_hidden_state.pow(2).mean()
+
+    def test_act_has_a_data_dependent_graph(self):
+        """Why export and fullgraph compilation use fixed depth: the ACT loop's length is read from the data, which
+        torch.export refuses; torch.compile still runs it, breaking the graph at the loop's test."""
+        model = self.model()
+        inputs = self.inputs(model.config)
+        with pytest.raises(Exception, match="(?i)data.dependent|guard"):
+            torch.export.export(model, args=(), kwargs=inputs, strict=False)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="eager")
+        torch.testing.assert_close(self.run(compiled, inputs).last_hidden_state,
+                                   self.run(model, inputs).last_hidden_state)
+
+
+class TestUniversalTransformerForSequenceClassification(UniversalTransformerTester):
+    model_class = UniversalTransformerForSequenceClassification
+
+    def inputs(self, config, labels=False):
+        inputs = self.source(config)
+        if labels:
+            inputs["labels"] = torch.tensor([0, 2])
+        return inputs
+
+    def output_shapes(self, config, inputs, outputs, kind):
+        return self.encoder_shapes(config, outputs, kind)
+
+    def test_get_output_embeddings_is_none(self):
+        assert self.model().get_output_embeddings() is None
+
+
+class TestUniversalTransformerForSeq2SeqLM(UniversalTransformerTester, GenerationConformance):
+    model_class = UniversalTransformerForSeq2SeqLM
+    not_applicable = {
+        "test_cache_gives_the_outputs_of_recomputation": "the model has no decoding cache (as tensor2tensor): "
+                                                         "generate() always recomputes the whole prefix",
+        "test_assisted_decoding_gives_greedy_output": "assisted decoding needs a decoding cache, which the model "
+                                                      "does not have (generate() refuses: 'Assisted decoding "
+                                                      "requires a cache')",
+        "test_prompt_lookup_decoding_gives_greedy_output": "prompt lookup decoding is assisted decoding, which needs a "
+                                                           "decoding cache the model does not have",
+    }
+
+    def inputs(self, config, labels=False):
+        inputs = self.source(config)
+        target = torch.randint(2, config.vocab_size, (BATCH, TARGET_LENGTH), generator=torch.Generator().manual_seed(1))
+        if labels:
+            inputs["labels"] = target
+        else:
+            inputs["decoder_input_ids"] = torch.cat(
+                [torch.full((BATCH, 1), config.decoder_start_token_id), target[:, :-1]], dim=1)
+        return inputs
+
+    def output_shapes(self, config, inputs, outputs, kind):
+        shapes = self.encoder_shapes(config, outputs, kind, prefix="encoder_")
+        steps = self.steps(config, outputs.decoder_n_updates)
+        if kind == "hidden_states":
+            shapes["decoder_hidden_states"] = [(BATCH, TARGET_LENGTH, config.hidden_size)] * (steps + 1)
+        else:
+            heads = config.num_attention_heads
+            shapes["decoder_attentions"] = [(BATCH, heads, TARGET_LENGTH, TARGET_LENGTH)] * steps
+            shapes["cross_attentions"] = [(BATCH, heads, TARGET_LENGTH, LENGTH)] * steps
+        return shapes
+
+    def generation_inputs(self, model):
+        return self.source(model.config)
+
+    def next_token_logits(self, model, generation_inputs, sequences):
+        return model(**generation_inputs, decoder_input_ids=sequences).logits[:, -1]
+
+    def test_decoder_embeddings_and_softmax_share_the_encoder_embeddings(self):
+        model = self.model()
+        shared = model.encoder.embed_tokens.weight
+        assert model.decoder.embed_tokens.weight is shared and model.lm_head.weight is shared
+
+
+# ----- regressions of issue #17 -----
+
+def test_output_switches_are_read_from_the_config():
+    """#17.5: `config.output_hidden_states` (not only the keyword) returns the per-step states."""
+    config = UniversalTransformerTester().config(output_hidden_states=True)
+    model = UniversalTransformerModel(config).eval()
+    with torch.no_grad():
+        outputs = model(input_ids=torch.tensor([[3, 4, 5]]))
+    assert outputs.hidden_states is not None and len(outputs.hidden_states) == int(outputs.n_updates.max()) + 1
+
+
+def test_attention_weights_are_returned_and_frozen_rows_are_zero():
+    """#17.6: `output_attentions` returns the weights of every step; a halted position's row is zero afterwards."""
+    tester = TestUniversalTransformerModel()
+    model = tester.model(attn_implementation="eager")
+    with torch.no_grad():
+        outputs = model(input_ids=torch.randint(2, 40, (1, 9), generator=torch.Generator().manual_seed(3)),
+                        output_attentions=True)
+    n_updates = outputs.n_updates[0]
+    assert int(n_updates.min()) < int(n_updates.max()), "positions should halt at different steps"
+    for step, weights in enumerate(outputs.attentions):
+        rows = weights[0].sum(-1)  # (heads, positions)
+        running = n_updates > step
+        torch.testing.assert_close(rows[:, running], torch.ones_like(rows[:, running]))
+        assert bool((rows[:, ~running] == 0).all())
+
+
+def test_seq2seq_exports_without_a_data_dependent_mask_check():
+    """#17.3: a fixed-depth seq2seq model with an attention mask exports (the mask is no longer checked for
+    `all()`), and the default `get_encoder(modality=...)` of transformers finds no modal encoder."""
+    tester = TestUniversalTransformerForSeq2SeqLM()
+    model = tester.model(tester.config(use_act=False))
+    inputs = tester.inputs(model.config)
+    exported = torch.export.export(model, args=(), kwargs=inputs, strict=False)
+    with torch.no_grad():
+        torch.testing.assert_close(exported.module()(**inputs).logits, model(**inputs).logits)
+    assert model.get_encoder(modality="image") is model and model.get_encoder() is model.encoder
+
+
+def test_a_missing_shared_embedding_is_reported(tmp_path):
+    """#17.7: the encoder's embedding is the source of the tied weights; a checkpoint without it is incomplete."""
+    from safetensors.torch import load_file, save_file
+
+    model = TestUniversalTransformerForSeq2SeqLM().model()
+    model.save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    del state["encoder.embed_tokens.weight"]
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    _, info = UniversalTransformerForSeq2SeqLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert "encoder.embed_tokens.weight" in info["missing_keys"]

@@ -1,0 +1,322 @@
+"""UniversalTransformer models: ACT and fixed depth against a plain re-statement of tensor2tensor's loop (many
+configurations), the cost of halted positions, padding, the ponder-cost gradient, seq2seq generation, saving."""
+
+import math
+
+import pytest
+import torch
+from torch.nn import functional as F
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
+from universal_transformer_reference import encoder as reference_encoder
+from universal_transformer_reference import model_weights, sinusoid
+
+from hf_ext import (
+    UniversalTransformerConfig,
+    UniversalTransformerForSeq2SeqLM,
+    UniversalTransformerForSequenceClassification,
+    UniversalTransformerModel,
+)
+
+
+def tiny_config(**overrides):
+    values = dict(vocab_size=30, hidden_size=16, num_attention_heads=2, intermediate_size=24, num_steps=3,
+                  act_max_steps=6, hidden_dropout_prob=0.0, input_dropout=0.0, attention_dropout=0.0,
+                  relu_dropout=0.0, label_smoothing=0.0)
+    values.update(overrides)
+    return UniversalTransformerConfig(**values)
+
+
+def build(model_class, config, halting=(0.1, 0.0)):
+    """A seeded model whose layer norms and halting unit (weights `halting[0]` x N(0, 1), bias `halting[1]`) are
+    moved off their initial values, so that positions halt at different steps."""
+    torch.manual_seed(0)
+    model = model_class(config)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
+            if "layer_norm" in name:
+                parameter.add_(0.2 * noise)
+            elif name.endswith("halting.weight"):
+                parameter.copy_(halting[0] * noise)
+            elif name.endswith("halting.bias"):
+                parameter.fill_(halting[1])
+    return model.eval()
+
+
+def step_table(model):
+    config = model.config
+    if config.step_signal == "learned":
+        return model.encoder.step_embeddings.detach() * math.sqrt(config.hidden_size)
+    if config.step_signal == "sinusoid":
+        return sinusoid(config.num_step_signals, config.hidden_size)
+    return torch.zeros(config.num_step_signals, config.hidden_size)
+
+
+def run_reference(model, inputs, attention_mask=None):
+    config = model.config
+    return reference_encoder(
+        inputs, model_weights(model), heads=config.num_attention_heads, kind=config.transition,
+        unbiased_std=config.layer_norm_type == "unbiased_std", eps=config.layer_norm_eps,
+        steps_signal=step_table(model), use_act=config.use_act, threshold=config.act_threshold,
+        max_steps=config.act_max_steps if config.use_act else config.num_steps, halted=config.act_halted_state,
+        attention_mask=attention_mask)
+
+
+def random_inputs(batch=3, length=7, hidden=16, seed=1):
+    return torch.randn(batch, length, hidden, generator=torch.Generator().manual_seed(seed))
+
+
+def right_padding_mask(lengths, length):
+    return (torch.arange(length)[None] < torch.tensor(lengths)[:, None]).long()
+
+
+# name: (config values, halting unit (weight scale, bias) that makes positions halt at different steps)
+CONFIGURATIONS = {
+    "t2t-fc-transformed": (dict(act_halted_state="transformed"), (0.3, 0.0)),
+    "kv-depths-masked": (dict(attention_key_depth=8, attention_value_depth=24, num_attention_heads=4,
+                              act_threshold=0.6, act_max_steps=4), (0.3, 0.0)),
+    "conv-reimplementation-transformed-masked": (
+        dict(transition="conv", layer_norm_type="unbiased_std", step_signal="sinusoid", project_embeddings=True,
+             final_layer_norm=False, attention_key_depth=12, attention_value_depth=8, act_threshold=0.9,
+             act_max_steps=5, act_halted_state="transformed"), (0.1, -2.0)),
+    "sepconv-no-step-signal-masked": (dict(transition="sepconv", step_signal="none", act_threshold=0.8,
+                                           act_max_steps=4), (0.3, 0.0)),
+    "conv-sinusoid": (dict(transition="conv", step_signal="sinusoid", act_max_steps=8), (0.1, -2.0)),
+    "fc-long": (dict(act_threshold=0.999, act_max_steps=10), (0.05, -2.0)),
+}
+
+
+@pytest.mark.parametrize("name", CONFIGURATIONS)
+def test_act_matches_the_reference_loop(name):
+    values, halting = CONFIGURATIONS[name]
+    model = build(UniversalTransformerModel, tiny_config(**values), halting)
+    inputs = random_inputs()
+    mask = right_padding_mask([7, 5, 3], 7) if "masked" in name else None
+    with torch.no_grad():
+        output = model(inputs_embeds=inputs, attention_mask=mask)
+    expected, n_updates, remainders = run_reference(model, inputs, mask)
+    assert torch.equal(output.n_updates, n_updates)
+    real = n_updates if mask is None else n_updates[mask.bool()]
+    assert len(real.unique()) >= 3, "the configuration should make positions halt at different steps"
+    torch.testing.assert_close(output.remainders, remainders, atol=1e-6, rtol=0)
+    torch.testing.assert_close(output.last_hidden_state, expected, atol=1e-5, rtol=1e-5)
+    counted = mask.float() if mask is not None else torch.ones_like(n_updates)
+    torch.testing.assert_close(output.ponder_cost, ((n_updates + remainders) * counted).sum() / counted.sum())
+
+
+@pytest.mark.parametrize("transition", ["fc", "conv"])
+def test_fixed_depth_matches_the_reference(transition):
+    model = build(UniversalTransformerModel, tiny_config(use_act=False, num_steps=4, transition=transition))
+    inputs, mask = random_inputs(), right_padding_mask([7, 6, 2], 7)
+    with torch.no_grad():
+        output = model(inputs_embeds=inputs, attention_mask=mask)
+    expected, _, _ = run_reference(model, inputs, mask)
+    torch.testing.assert_close(output.last_hidden_state, expected, atol=1e-5, rtol=1e-5)
+    assert output.n_updates is None and output.ponder_cost is None
+
+
+def count_rows(module, counts, key):
+    def hook(_, args):
+        counts[key] = counts.get(key, 0) + args[0].numel() // args[0].shape[-1]
+    return module.register_forward_pre_hook(hook)
+
+
+@pytest.mark.parametrize("halted_state", ["frozen", "transformed"])
+def test_halted_positions_are_only_read(halted_state):
+    model = build(UniversalTransformerModel, tiny_config(act_halted_state=halted_state, act_max_steps=8), (0.1, -2.0))
+    layer = model.encoder.layer
+    counts = {}
+    hooks = [count_rows(layer.transition.fc1, counts, "transition"),
+             count_rows(layer.self_attn.q_proj, counts, "query"),
+             count_rows(layer.self_attn.k_proj, counts, "key"), count_rows(layer, counts, "steps")]
+    inputs = random_inputs(batch=1, length=9)
+    with torch.no_grad():
+        n_updates = model(inputs_embeds=inputs).n_updates
+    for hook in hooks:
+        hook.remove()
+    steps = int(n_updates.max())
+    assert counts["steps"] == steps * 9  # the loop ends with the last position to halt
+    assert counts["key"] == steps * 9  # every position is read as key and value at every step
+    if halted_state == "frozen":  # queries and transition only for the positions that take the step
+        assert counts["query"] == counts["transition"] == int(n_updates.sum()) < steps * 9
+    else:
+        assert counts["query"] == counts["transition"] == steps * 9
+
+
+@pytest.mark.parametrize("bias, steps", [(30.0, 1), (-30.0, 6)])
+def test_loop_stops_when_every_position_has_halted(bias, steps):
+    model = build(UniversalTransformerModel, tiny_config(act_max_steps=6))
+    with torch.no_grad():
+        model.encoder.halting.bias.fill_(bias)
+    calls = []
+    model.encoder.layer.register_forward_pre_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        output = model(inputs_embeds=random_inputs())
+    assert len(calls) == steps
+    assert torch.all(output.n_updates == steps)
+    # bias 30: every position halts at its first step with remainder 1; bias -30: none halts (no forced halt)
+    assert torch.all(output.remainders == (1.0 if bias > 0 else 0.0))
+
+
+@pytest.mark.parametrize("transition, halted_state", [("conv", "frozen"), ("sepconv", "transformed"),
+                                                      ("fc", "frozen")])
+def test_padding_does_not_change_the_real_positions(transition, halted_state):
+    model = build(UniversalTransformerModel, tiny_config(transition=transition, act_halted_state=halted_state),
+                  (0.1, -1.0))
+    lengths = [7, 4, 2]
+    inputs, mask = random_inputs(), right_padding_mask(lengths, 7)
+    with torch.no_grad():
+        padded = model(inputs_embeds=inputs, attention_mask=mask)
+        for row, length in enumerate(lengths):
+            alone = model(inputs_embeds=inputs[row:row + 1, :length])
+            torch.testing.assert_close(padded.last_hidden_state[row, :length], alone.last_hidden_state[0],
+                                       atol=1e-5, rtol=1e-5)
+            assert torch.equal(padded.n_updates[row, :length], alone.n_updates[0])
+    assert torch.all(padded.n_updates[mask == 0] == 0) and torch.all(padded.remainders[mask == 0] == 0)
+
+
+def test_input_ids_are_scaled_embeddings_with_zero_padding():
+    model = build(UniversalTransformerModel, tiny_config())
+    ids = torch.tensor([[5, 7, 9, 0]])
+    embeds = model.get_input_embeddings().weight[ids] * math.sqrt(16) * (ids != 0).unsqueeze(-1)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).last_hidden_state,
+                                   model(inputs_embeds=embeds).last_hidden_state)
+    with pytest.raises(ValueError, match="exactly one of input_ids and inputs_embeds"):
+        model(input_ids=ids, inputs_embeds=embeds)
+
+
+def test_ponder_cost_reaches_the_halting_unit_with_its_gradient():
+    config = tiny_config(num_labels=3, act_loss_weight=0.05, classifier_dropout=0.0)
+    model = build(UniversalTransformerForSequenceClassification, config, (0.1, -1.0)).double()
+    inputs, labels = random_inputs().double(), torch.tensor([0, 2, 1])
+    output = model(inputs_embeds=inputs, labels=labels)
+    cross_entropy = F.cross_entropy(output.logits, labels)
+    torch.testing.assert_close(output.loss, cross_entropy + 0.05 * output.ponder_cost)
+    bias = model.universal_transformer.encoder.halting.bias
+    (grad_loss,) = torch.autograd.grad(output.loss, bias, retain_graph=True)
+    (grad_ce,) = torch.autograd.grad(cross_entropy, bias, retain_graph=True)
+    (grad_ponder,) = torch.autograd.grad(output.ponder_cost, bias)
+    assert grad_ponder.abs().item() > 1e-3
+    torch.testing.assert_close(grad_loss, grad_ce + 0.05 * grad_ponder)
+    # the analytic gradient of the ponder cost matches a central difference (same halting pattern on both sides)
+    epsilon, costs = 1e-6, []
+    for sign in (1, -1):
+        with torch.no_grad():
+            bias.add_(sign * epsilon)
+            shifted = model(inputs_embeds=inputs)
+            bias.sub_(sign * epsilon)
+        assert torch.equal(shifted.n_updates, output.n_updates)
+        costs.append(shifted.ponder_cost)
+    torch.testing.assert_close(grad_ponder, ((costs[0] - costs[1]) / (2 * epsilon)).reshape(1), rtol=1e-5, atol=1e-8)
+
+
+def test_training_on_the_ponder_cost_shortens_the_computation():
+    model = build(UniversalTransformerForSequenceClassification, tiny_config(num_labels=2, act_loss_weight=1.0),
+                  (0.1, -1.0)).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.03)
+    inputs, labels = random_inputs(batch=8, seed=3), torch.randint(0, 2, (8,))
+    costs = []
+    for _ in range(15):
+        output = model(inputs_embeds=inputs, labels=labels)
+        optimizer.zero_grad()
+        output.loss.backward()
+        optimizer.step()
+        costs.append(output.ponder_cost.item())
+    assert costs[-1] < 0.8 * costs[0]
+
+
+def seq2seq_model(**overrides):
+    return build(UniversalTransformerForSeq2SeqLM, tiny_config(**overrides), (0.1, -1.0))
+
+
+@pytest.mark.parametrize("transition, halted_state", [("sepconv", "frozen"), ("fc", "transformed")])
+def test_decoder_is_causal(transition, halted_state):
+    model = seq2seq_model(transition=transition, act_halted_state=halted_state)
+    source = torch.randint(2, 30, (2, 6), generator=torch.Generator().manual_seed(4))
+    target = torch.randint(2, 30, (2, 8), generator=torch.Generator().manual_seed(5))
+    changed = target.clone()
+    changed[:, 5:] = (changed[:, 5:] + 3) % 28 + 2
+    with torch.no_grad():
+        first = model(input_ids=source, decoder_input_ids=target)
+        second = model(input_ids=source, decoder_input_ids=changed)
+    torch.testing.assert_close(first.logits[:, :5], second.logits[:, :5])
+    assert torch.equal(first.decoder_n_updates[:, :5], second.decoder_n_updates[:, :5])
+    assert not torch.allclose(first.logits[:, 5:], second.logits[:, 5:])
+
+
+def test_seq2seq_padding_and_loss():
+    model = seq2seq_model(transition="conv")
+    source = torch.randint(2, 30, (2, 6), generator=torch.Generator().manual_seed(6))
+    labels = torch.randint(2, 30, (2, 5), generator=torch.Generator().manual_seed(7))
+    source_mask = right_padding_mask([6, 4], 6)
+    labels[1, 3:] = -100
+    with torch.no_grad():
+        padded = model(input_ids=source, attention_mask=source_mask, labels=labels)
+        alone = model(input_ids=source[1:, :4], labels=labels[1:, :3])
+    torch.testing.assert_close(padded.logits[1, :3], alone.logits[0], atol=1e-5, rtol=1e-5)
+    assert torch.equal(padded.encoder_n_updates[1, :4], alone.encoder_n_updates[0])
+    assert torch.all(padded.decoder_n_updates[1, 3:] == 0)
+    expected = F.cross_entropy(padded.logits.reshape(-1, 30), labels.reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(padded.loss, expected + 0.01 * (padded.encoder_ponder_cost + padded.decoder_ponder_cost))
+
+
+def test_generate_equals_a_greedy_loop_over_the_whole_prefix():
+    model = seq2seq_model()
+    source = torch.randint(2, 30, (3, 6), generator=torch.Generator().manual_seed(8))
+    mask = right_padding_mask([6, 3, 5], 6)
+    with torch.no_grad():
+        generated = model.generate(input_ids=source, attention_mask=mask, max_new_tokens=6, min_new_tokens=6,
+                                   do_sample=False)
+        tokens = torch.zeros(3, 1, dtype=torch.long)  # decoder_start_token_id
+        for _ in range(6):
+            logits = model(input_ids=source, attention_mask=mask, decoder_input_ids=tokens).logits[:, -1]
+            logits[:, model.config.eos_token_id] = float("-inf")  # as min_new_tokens does
+            tokens = torch.cat([tokens, logits.argmax(-1, keepdim=True)], dim=1)
+        alone = model.generate(input_ids=source[1:2, :3], max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    assert torch.equal(generated, tokens)
+    assert torch.equal(generated[1:2], alone)
+
+
+def test_save_and_reload_through_the_auto_classes(tmp_path):
+    model = seq2seq_model()
+    assert model.lm_head.weight is model.encoder.embed_tokens.weight is model.decoder.embed_tokens.weight
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert type(reloaded) is UniversalTransformerForSeq2SeqLM
+    assert reloaded.lm_head.weight is reloaded.encoder.embed_tokens.weight
+    source, labels = torch.tensor([[4, 5, 6]]), torch.tensor([[7, 8]])
+    with torch.no_grad():
+        before, after = model(input_ids=source, labels=labels), reloaded(input_ids=source, labels=labels)
+        as_tuple = reloaded(input_ids=source, labels=labels, return_dict=False)
+    # float rounding only: weights read from the file need not share the alignment (so the SIMD paths) of the originals
+    torch.testing.assert_close(before.logits, after.logits, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(as_tuple[0], after.loss)
+    config = AutoConfig.for_model("universal-transformer", vocab_size=30, hidden_size=16, num_attention_heads=2)
+    assert type(AutoModel.from_config(config)) is UniversalTransformerModel
+    assert type(AutoModelForSequenceClassification.from_config(config)) is UniversalTransformerForSequenceClassification
+
+
+def test_defaults_follow_tensor2tensor_adaptive_base():
+    config = UniversalTransformerConfig()
+    assert (config.hidden_size, config.intermediate_size, config.num_attention_heads) == (1024, 4096, 16)
+    assert (config.use_act, config.act_max_steps, config.act_threshold, config.act_loss_weight) == \
+        (True, 12, 0.99, 0.01)
+    assert (config.num_steps, config.hidden_dropout_prob, config.transition, config.step_signal) == \
+        (6, 0.3, "fc", "learned")
+    assert torch.all(UniversalTransformerModel(tiny_config()).encoder.halting.bias == 1.0)  # act_halting_bias_init
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (dict(act_threshold=1.0), "act_threshold"), (dict(act_threshold=0.0), "act_threshold"),
+    (dict(act_threshold=1.5), "act_threshold"), (dict(act_max_steps=0), "act_max_steps"),
+    (dict(num_steps=0), "num_steps"), (dict(num_attention_heads=3), "attention_key_depth"),
+    (dict(attention_value_depth=10, num_attention_heads=4), "attention_value_depth"),
+    (dict(transition="lstm"), "transition"), (dict(step_signal="random"), "step_signal"),
+    (dict(act_halted_state="copied"), "act_halted_state"), (dict(embedding_size=8), "embedding_size"),
+    (dict(input_dropout=1.0), "input_dropout"), (dict(act_loss_weight=-1), "act_loss_weight"),
+])
+def test_bad_config_values_are_refused(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        tiny_config(**overrides)
