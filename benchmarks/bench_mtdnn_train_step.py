@@ -17,7 +17,7 @@ import torch
 from transformers import BertConfig, Trainer, TrainingArguments
 
 from hf_ext.models.mtdnn import MTDNNConfig, MTDNNModel
-from hf_ext.training import MTDNNTrainer
+from hf_ext.models.mtdnn.training import MTDNNTrainer
 from timing import benchmark_parser, report_ratio, setup, time_interleaved
 
 PAIRS = ("mnli", "mrpc", "qqp", "qnli", "rte", "wnli")  # SAN heads

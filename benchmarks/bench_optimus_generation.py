@@ -19,7 +19,7 @@ import torch
 from transformers import BertConfig, GPT2Config, GPT2LMHeadModel, GenerationConfig
 
 from hf_ext import OptimusConfig
-from hf_ext.samples import random_model
+from hf_ext.models.optimus.samples import random_model
 from timing import benchmark_parser, report_ratio, setup, time_interleaved
 
 

@@ -13,7 +13,7 @@ import torch
 from transformers import BertModel, GPT2LMHeadModel
 
 from hf_ext import OptimusConfig, OptimusModel
-from hf_ext.samples import tiny_config
+from hf_ext.models.optimus.samples import tiny_config
 from timing import benchmark_parser, report_ratio, setup, time_interleaved
 
 

@@ -213,8 +213,8 @@ def _ranking_pairs(rows, shape, tokenizer, max_length, path, seed=0):
         raise HfExtError(f"GLUE file {path} has no pair of rows with one question and "
                          + ("one positive and one negative candidate" if labelled else "two candidates"))
     if skipped:
-        logger.warning(f"{path}: skipped {skipped} row(s) that do not pair into a ranking group (as the original's QNLI "
-            "ranking does)")
+        logger.warning(f"{path}: skipped {skipped} row(s) that do not pair into a ranking group (as the original's "
+                       "QNLI ranking does)")
     if not labelled:
         del groups["labels"]
     return Dataset.from_dict(groups)

@@ -93,9 +93,9 @@ def run_script(script, *args, monkeypatch, capsys):
 
 
 def run_torchrun(script, *args, timeout=300):
-    """Run `script` (a path under tests/) under `torchrun --nproc_per_node 2` on a free loopback port and return each rank's JSON result
-    (`<out>/rank{0,1}.json`, where `out` is the last argument). A hang (e.g. a DDP deadlock) becomes a timeout
-    failure; the completed process is returned too, for its stderr."""
+    """Run `script` (a path under tests/) under `torchrun --nproc_per_node 2` on a free loopback port and return each
+    rank's JSON result (`<out>/rank{0,1}.json`, where `out` is the last argument). A hang (e.g. a DDP deadlock)
+    becomes a timeout failure; the completed process is returned too, for its stderr."""
     import json
     import os
     import socket

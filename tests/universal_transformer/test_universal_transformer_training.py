@@ -3,13 +3,12 @@ Trainer's ponder-cost logging, greedy evaluation of the Universal Transformer an
 map and its plot, LoRA, the `hf-ext universal-transformer` tools and a 2-process torchrun run. Models are tiny."""
 
 import json
-from pathlib import Path
 
 import evaluate
 import numpy as np
 import pytest
 import torch
-from conftest import REPO_ROOT, cli_exit_code, run_torchrun
+from conftest import cli_exit_code, run_torchrun
 from peft import PeftModel
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq
 

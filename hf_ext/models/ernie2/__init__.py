@@ -31,7 +31,7 @@ def register() -> None:
     register_auto_classes(Ernie2PreTrainingConfig, AUTO_CLASSES)
 
 
-__all__ = ["AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "Ernie2ForPreTraining", "Ernie2PreTrainingConfig", "Ernie2PreTrainingOutput", "IGNORE_INDEX",
-           "IR_RELEVANCE_CLASSES", "PRETRAINING_TASKS", "SENTENCE_DISTANCE_CLASSES", "TOKEN_LEVEL_TASKS",
-           "encoder_settings", "register", "sentence_reordering_classes", "sentence_reordering_label",
-           "sentence_reordering_permutation", "task_loss"]
+__all__ = ["AUTO_CLASSES", "AUTO_MAP", "IGNORE_INDEX", "IR_RELEVANCE_CLASSES", "PRETRAINING_TASKS",
+           "SENTENCE_DISTANCE_CLASSES", "TOKEN_LEVEL_TASKS", "TOP_LEVEL", "Ernie2ForPreTraining",
+           "Ernie2PreTrainingConfig", "Ernie2PreTrainingOutput", "encoder_settings", "register",
+           "sentence_reordering_classes", "sentence_reordering_label", "sentence_reordering_permutation", "task_loss"]

@@ -25,6 +25,7 @@ def register(commands: argparse._SubParsersAction, converters: argparse._SubPars
         "the tasks of the schedule. OUTPUT_DIR holds one folder per stage; running the same command again resumes "
         "where it stopped. At the end OUTPUT_DIR/ernie is a plain transformers ernie folder for fine-tuning.")
     parser.add_argument("model", help="converted ERNIE folder, ERNIE 2.0 pre-training folder, or Hub repo id")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
     parser.add_argument("--documents", required=True, help="raw documents: .jsonl ({\"paragraphs\": [[sentence, ...], "
                         "...], \"entities\": [...], \"phrases\": [...]}) or text (a sentence per line, a blank line "
                         "between paragraphs, two between documents)")
@@ -38,16 +39,19 @@ def register(commands: argparse._SubParsersAction, converters: argparse._SubPars
     parser.add_argument("--phrase-lexicon", help="phrases to mask whole, one per line")
     parser.add_argument("--no-span-heuristics", action="store_true",
                         help="mask only lexicon and document spans, not capitalised runs and content-word runs")
-    parser.add_argument("--mask-probability", type=number_in(float, 0, 1, low_open=True, high_open=True), default=0.15, help="share of tokens to predict (0.15)")
+    parser.add_argument("--mask-probability", type=number_in(float, 0, 1, low_open=True, high_open=True), default=0.15,
+                        help="share of tokens to predict (0.15)")
     parser.add_argument("--max-length", type=number_in(int, 8), default=128, help="tokens per example (default 128)")
     parser.add_argument("--max-reorder-segments", type=int,
                         help="m of sentence reordering, when MODEL is a plain ERNIE folder (default 3: 9 classes)")
     parser.add_argument("--num-discourse-relations", type=int,
                         help="discourse-relation classes, when MODEL is a plain ERNIE folder (default 3)")
     _training_arguments(parser, batch_size=8, learning_rate=5e-5)
-    parser.add_argument("--warmup-steps", type=nonnegative_int, default=0, help="warm-up steps of every stage (default 0)")
+    parser.add_argument("--warmup-steps", type=nonnegative_int, default=0,
+                        help="warm-up steps of every stage (default 0)")
     parser.add_argument("--save-steps", type=positive_int, default=1000, help="checkpoint every N steps (default 1000)")
-    parser.add_argument("--save-total-limit", type=positive_int, default=2, help="checkpoints kept per stage (default 2)")
+    parser.add_argument("--save-total-limit", type=positive_int, default=2,
+                        help="checkpoints kept per stage (default 2)")
     parser.set_defaults(handler=_pretrain)
 
     parser = tools.add_parser("schedule", help="print the paper's continual schedule as YAML",
@@ -59,6 +63,7 @@ def register(commands: argparse._SubParsersAction, converters: argparse._SubPars
                               description="Write the encoder (with task embeddings) and MLM head of an ERNIE 2.0 "
                               "pre-training folder (a stage's model/) as a transformers ernie folder.")
     parser.add_argument("model", help="ERNIE 2.0 pre-training folder or Hub repo id")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
     parser.add_argument("out", help="folder to write (must not exist unless --overwrite)")
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     parser.set_defaults(handler=_export)
@@ -69,12 +74,14 @@ def register(commands: argparse._SubParsersAction, converters: argparse._SubPars
         "files (the task's own layout), feeding --task-id as the task id; print the GLUE metrics of --eval-file as "
         "JSON.")
     parser.add_argument("model", help="ernie folder (converted, or OUTPUT_DIR/ernie of pretrain) or Hub repo id")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
     parser.add_argument("--task", required=True, help="GLUE task: CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI")
     parser.add_argument("--train-file", required=True, help="the task's train.tsv")
     parser.add_argument("--eval-file", help="the task's dev.tsv (dev_matched.tsv for MNLI)")
     parser.add_argument("--output-dir", required=True, help="folder for the fine-tuned model (written atomically)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
-    parser.add_argument("--task-id", type=nonnegative_int, default=0, help="task id of every token (default 0, as the original)")
+    parser.add_argument("--task-id", type=nonnegative_int, default=0,
+                        help="task id of every token (default 0, as the original)")
     parser.add_argument("--max-length", type=number_in(int, 8), default=128, help="tokens per pair (default 128)")
     parser.add_argument("--epochs", type=positive_float, default=3.0, help="training epochs (default 3)")
     parser.add_argument("--max-steps", type=positive_int, help="optimizer steps (overrides --epochs)")
@@ -83,8 +90,10 @@ def register(commands: argparse._SubParsersAction, converters: argparse._SubPars
 
 
 def _training_arguments(parser, batch_size, learning_rate):
-    parser.add_argument("--batch-size", type=positive_int, default=batch_size, help=f"rows per batch (default {batch_size})")
-    parser.add_argument("--gradient-accumulation-steps", type=positive_int, default=1, help="batches per step (default 1)")
+    parser.add_argument("--batch-size", type=positive_int, default=batch_size,
+                        help=f"rows per batch (default {batch_size})")
+    parser.add_argument("--gradient-accumulation-steps", type=positive_int, default=1,
+                        help="batches per step (default 1)")
     parser.add_argument("--learning-rate", type=positive_float, default=learning_rate,
                         help=f"peak learning rate (default {learning_rate:g})")
     parser.add_argument("--logging-steps", type=positive_int, default=50, help="steps per logged average (default 50)")
@@ -101,15 +110,15 @@ def _training_args(args, output_dir, **settings):
         logging_steps=args.logging_steps, seed=args.seed, disable_tqdm=True, **settings)
 
 
-def _tokenizer(name):
+def _tokenizer(args):
     from transformers import AutoTokenizer
 
     from ...errors import HfExtError
 
     try:
-        return AutoTokenizer.from_pretrained(name)
+        return AutoTokenizer.from_pretrained(args.model, trust_remote_code=args.trust_remote_code or None)
     except (OSError, ValueError) as error:
-        raise HfExtError(f"cannot load the tokenizer of {name}: {str(error).splitlines()[0]}") from None
+        raise HfExtError(f"cannot load the tokenizer of {args.model}: {str(error).splitlines()[0]}") from None
 
 
 def _pretrain(args):
@@ -129,11 +138,12 @@ def _pretrain(args):
     documents = load_documents(args.documents)
     settings = {"max_reorder_segments": args.max_reorder_segments,
                 "num_discourse_relations": args.num_discourse_relations}
-    model = load_pretraining_model(args.model, {k: v for k, v in settings.items() if v is not None})
+    model = load_pretraining_model(args.model, {k: v for k, v in settings.items() if v is not None},
+                                   trust_remote_code=args.trust_remote_code or None)
     config = model.config
     require(args.max_length <= config.max_position_embeddings,
             f"--max-length {args.max_length} exceeds the model's {config.max_position_embeddings} positions")
-    tokenizer = _tokenizer(args.model)
+    tokenizer = _tokenizer(args)
     datasets = pretraining_datasets(
         tokenizer, config, schedule, documents, pair_files, entity_lexicon=args.entity_lexicon,
         phrase_lexicon=args.phrase_lexicon, span_heuristics=not args.no_span_heuristics, max_length=args.max_length,
@@ -168,7 +178,7 @@ def _export(args):
 
     check_output_dir(args.out, args.overwrite)
     with loading("a model config", args.model):
-        config = AutoConfig.from_pretrained(args.model)
+        config = AutoConfig.from_pretrained(args.model, trust_remote_code=args.trust_remote_code or None)
     require(config.model_type == Ernie2ForPreTraining.config_class.model_type,
              f"{args.model} holds a {config.model_type} model, not an ERNIE 2.0 pre-training model")
     with loading("an ERNIE 2.0 pre-training model", args.model):
@@ -176,7 +186,7 @@ def _export(args):
     with atomic_output_dir(args.out, args.overwrite) as staging:
         model.save_ernie_pretrained(staging)
         try:
-            _tokenizer(args.model).save_pretrained(staging)
+            _tokenizer(args).save_pretrained(staging)
         except HfExtError:
             pass  # a folder saved without its tokenizer: the encoder alone is still useful
     print(args.out)
@@ -193,6 +203,6 @@ def _finetune(args):
                                        eval_strategy="no")
         trainer, metrics = finetune_glue(args.model, args.task, args.train_file, training_args,
                                          eval_file=args.eval_file, task_id=args.task_id, max_length=args.max_length,
-                                         log_to_stderr=True)
+                                         log_to_stderr=True, trust_remote_code=args.trust_remote_code or None)
         trainer.save_model(staging)
     print_summary(args.output_dir, **metrics)

@@ -376,7 +376,7 @@ def glue_metrics(task):
 
 
 def finetune_glue(model_name_or_path, task, train_file, args, eval_file=None, task_id=0, max_length=128,
-                  callbacks=None, log_to_stderr=False):
+                  callbacks=None, log_to_stderr=False, trust_remote_code=None):
     """Fine-tune a plain `ernie` folder (converted, or exported from pre-training) on a GLUE task with `Trainer` and
     transformers' `ErnieForSequenceClassification`, feeding `task_id` as every token's task id. Returns the trainer
     (`trainer.save_model(folder)` saves the model and tokenizer) and the metrics of `eval_file` (`eval_<metric>`)
@@ -387,10 +387,10 @@ def finetune_glue(model_name_or_path, task, train_file, args, eval_file=None, ta
     key = glue_task(task)
     layout = GLUE_LAYOUTS[key]
     try:
-        config = AutoConfig.from_pretrained(model_name_or_path)
+        config = AutoConfig.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code)
         if config.model_type == "ernie":
             validate_ernie_encoder(config)  # transformers' ErnieConfig checks the types of its sizes only
-        tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:
         raise HfExtError(f"cannot load {model_name_or_path}: {str(error).splitlines()[0]}") from None
     if config.model_type == Ernie2ForPreTraining.config_class.model_type:

@@ -91,7 +91,8 @@ def _add_training_arguments(parser):
     parser.add_argument("--metric-for-best-model", metavar="NAME",
                         help="keep the checkpoint best on this evaluation metric, e.g. mnli_matched_accuracy or "
                         "stsb_pearson (higher is better, lower for *_loss)")
-    parser.add_argument("--lora-r", type=positive_int, help="train LoRA adapters of this rank on the encoder instead of all "
+    parser.add_argument("--lora-r", type=positive_int,
+                        help="train LoRA adapters of this rank on the encoder instead of all "
                         "weights; the heads are trained in full and saved with the adapter")
     parser.add_argument("--lora-alpha", type=float, help="LoRA scaling numerator (default 2 x --lora-r)")
     parser.add_argument("--lora-dropout", type=fraction, default=0.0, help="dropout on the LoRA path (default 0)")

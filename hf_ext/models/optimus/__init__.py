@@ -21,13 +21,14 @@ AUTO_CLASSES = {
 }
 AUTO_MAP = auto_map(OptimusConfig, AUTO_CLASSES)
 
-TOP_LEVEL = ["OptimusConfig", "OptimusForSequenceClassification", "OptimusLatentSpace", "OptimusModel", "OptimusProcessor"]  # re-exported by hf_ext
+TOP_LEVEL = ["OptimusConfig", "OptimusForSequenceClassification", "OptimusLatentSpace", "OptimusModel",
+             "OptimusProcessor"]  # re-exported by hf_ext
 
 def register() -> None:
     """Register the model with transformers' Auto classes (done by `import hf_ext`)."""
     register_auto_classes(OptimusConfig, AUTO_CLASSES)
 
 
-__all__ = ["AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "OptimusConfig", "OptimusForSequenceClassification", "OptimusLatentSpace", "OptimusModel", "OptimusOutput",
-           "OptimusPreTrainedModel", "OptimusProcessor", "kl_divergence", "kl_per_dimension", "reconstruction_loss",
-           "register"]
+__all__ = ["AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "OptimusConfig", "OptimusForSequenceClassification",
+           "OptimusLatentSpace", "OptimusModel", "OptimusOutput", "OptimusPreTrainedModel", "OptimusProcessor",
+           "kl_divergence", "kl_per_dimension", "reconstruction_loss", "register"]

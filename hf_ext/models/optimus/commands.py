@@ -126,7 +126,8 @@ def _register_training_tools(tools):
                         help="share of each cycle ramping beta up (default: the original's training default, 0.25)")
     parser.add_argument("--dim-target-kl", type=nonnegative_float,
                         help="free-bits threshold per latent dimension (fb-mode 1)")
-    parser.add_argument("--fb-mode", type=int, choices=(0, 1, 2), help="KL mode: 0 plain, 1 per-dimension threshold, 2 deterministic")
+    parser.add_argument("--fb-mode", type=int, choices=(0, 1, 2),
+                        help="KL mode: 0 plain, 1 per-dimension threshold, 2 deterministic")
     parser.add_argument("--length-weighted-loss", action=argparse.BooleanOptionalAction,
                         help="divide each reconstruction loss by the sentence length (default: the model's setting)")
     parser.add_argument("--logging-steps", type=positive_int, default=50, help="steps per logged average (default 50)")

@@ -447,7 +447,8 @@ def convert_optimus_checkpoint(src=None, out=None, *, encoder_dir=None, decoder_
         processor = load_processor(source, encoder_tokenizer, decoder_tokenizer, do_lower_case=lower)
         if processor is None:
             original.notes.append("no tokenizer files found: the folder holds no processor")
-            logger.warning("no tokenizer files in the checkpoint folders (give --encoder-tokenizer/--decoder-tokenizer)")
+            logger.warning("no tokenizer files in the checkpoint folders "
+                           "(give --encoder-tokenizer/--decoder-tokenizer)")
         with atomic_output_dir(out, overwrite) as staging:
             config = convert(original, staging, processor, latent_as_gpt_memory, latent_as_gpt_emb)
             logger.info("checking the written folder")

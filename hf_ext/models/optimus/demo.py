@@ -1,4 +1,5 @@
-"""`hf-ext optimus demo` (or `hf-ext demo`): the whole Optimus path on material the package ships, with nothing to download.
+"""`hf-ext optimus demo` (or `hf-ext demo`): the whole Optimus path on material the package ships, with nothing to
+download.
 
 1. write an Optimus checkpoint in the original on-disk format (tokenizers trained on the bundled sentences, freshly
    initialised weights), 2. convert it, 3. lay the converted folder into a local Hub cache and load it back with

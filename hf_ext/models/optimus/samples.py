@@ -1,5 +1,6 @@
-"""Small self-made material: checkpoints written in the original Optimus on-disk format (legacy torch pickles, original key names, args namespaces), for the demo, tests of
-configurations other than the fixtures', and the conversion benchmark."""
+"""Small self-made material: checkpoints written in the original Optimus on-disk format (legacy torch pickles,
+original key names, args namespaces), for the demo, tests of configurations other than the fixtures', and the
+conversion benchmark."""
 
 import argparse
 import json

@@ -20,7 +20,8 @@ AUTO_CLASSES = {
 }
 AUTO_MAP = auto_map(UniversalTransformerConfig, AUTO_CLASSES)
 
-TOP_LEVEL = ["UniversalTransformerConfig", "UniversalTransformerForSeq2SeqLM", "UniversalTransformerForSequenceClassification", "UniversalTransformerModel"]  # re-exported by hf_ext
+TOP_LEVEL = ["UniversalTransformerConfig", "UniversalTransformerForSeq2SeqLM",
+             "UniversalTransformerForSequenceClassification", "UniversalTransformerModel"]  # re-exported by hf_ext
 
 def register() -> None:
     """Register the model with transformers' Auto classes (done by `import hf_ext`)."""

@@ -31,7 +31,8 @@ def register(commands: argparse._SubParsersAction, converters: argparse._SubPars
                         default="universal-transformer",
                         help="the Universal Transformer with ACT (default) or the same-size vanilla Transformer")
     add_algorithmic_arguments(parser, train_length=20, test_length=40, max_steps=1500)
-    parser.add_argument("--logging-steps", type=positive_int, default=100, help="steps per logged average (default 100)")
+    parser.add_argument("--logging-steps", type=positive_int, default=100,
+                        help="steps per logged average (default 100)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and the weights (default 0)")
     parser.set_defaults(handler=_train_algorithmic)
 
@@ -56,13 +57,16 @@ def add_algorithmic_arguments(parser, train_length, test_length, max_steps):
     parser.add_argument("--test-length", type=positive_int, default=test_length,
                         help=f"longest test input (default {test_length})")
     parser.add_argument("--num-train", type=positive_int, default=20000, help="training examples (default 20000)")
-    parser.add_argument("--num-test", type=positive_int, default=200, help="test examples per length range (default 200)")
-    parser.add_argument("--max-steps", type=positive_int, default=max_steps, help=f"optimizer steps (default {max_steps})")
+    parser.add_argument("--num-test", type=positive_int, default=200,
+                        help="test examples per length range (default 200)")
+    parser.add_argument("--max-steps", type=positive_int, default=max_steps,
+                        help=f"optimizer steps (default {max_steps})")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="examples per batch (default 32)")
     parser.add_argument("--learning-rate", type=positive_float, default=1e-3, help="peak learning rate (default 1e-3)")
     parser.add_argument("--hidden-size", type=positive_int, default=64, help="model width (default 64)")
     parser.add_argument("--num-heads", type=positive_int, default=4, help="attention heads (default 4)")
-    parser.add_argument("--intermediate-size", type=positive_int, default=256, help="transition inner width (default 256)")
+    parser.add_argument("--intermediate-size", type=positive_int, default=256,
+                        help="transition inner width (default 256)")
     parser.add_argument("--act-max-steps", type=positive_int, default=6,
                         help="most ACT steps; the vanilla Transformer gets this many layers (default 6)")
     parser.add_argument("--dropout", type=fraction, default=0.1, help="dropout everywhere (default 0.1)")
