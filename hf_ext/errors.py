@@ -37,3 +37,17 @@ def require(condition: object, message: str) -> None:
     (`hf_ext.arguments`) cannot make alone, such as one option against another or against the model."""
     if not condition:
         raise HfExtError(message)
+
+
+def load_config(source: str, expected_type: str | None = None, description: str | None = None,
+                trust_remote_code: bool | None = None, hint: str = ""):
+    """The configuration of `source` (a folder or Hub repo id), with one error line when it does not load or, given
+    `expected_type`, when it holds another kind of model (`description` names the expected kind, `hint` may say
+    what to do instead). Checked before any weights are read."""
+    from transformers import AutoConfig
+
+    with loading("a model config", source):
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    if expected_type is not None and config.model_type != expected_type:
+        raise HfExtError(f"{source} holds a {config.model_type!r} model, not {description or expected_type}{hint}")
+    return config

@@ -725,7 +725,7 @@ def test_cli_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path, capsys
          "cannot load a model config from"),
         (["ernie2", "pretrain", ernie_folder, "--documents", docs, "--output-dir", out, "--batch-size", "0"],
          "argument --batch-size: must be at least 1"),
-        (["ernie2", "export", ernie_folder, out], "holds a ernie model, not an ERNIE 2.0 pre-training model"),
+        (["ernie2", "export", ernie_folder, out], "holds a 'ernie' model, not an ERNIE 2.0 pre-training model"),
         (["ernie2", "finetune", ernie_folder, "--task", "glue", "--train-file", GLUE / "RTE" / "train.tsv",
           "--output-dir", out], "no GLUE TSV layout named 'glue'"),
         (["ernie2", "finetune", converted_fixture, "--task", "RTE", "--train-file", GLUE / "RTE" / "train.tsv",

@@ -69,7 +69,7 @@ def test_reconstruct_interpolate_analogy_sample(converted, capsys, no_network):
 @pytest.mark.parametrize("argv, message", [
     (["optimus", "interpolate", "{folder}", "a", "b", "--steps", "1"], "argument --steps: must be at least 2"),
     (["optimus", "sample", "{folder}", "--num", "0"], "argument --num: must be at least 1"),
-    (["optimus", "reconstruct", "{missing}", "a"], "cannot load an Optimus model"),
+    (["optimus", "reconstruct", "{missing}", "a"], "cannot load a model config from"),
 ])
 def test_bad_arguments_give_one_line(converted, tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

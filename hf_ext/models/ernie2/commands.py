@@ -170,17 +170,13 @@ def _schedule(args):
 
 
 def _export(args):
-    from transformers import AutoConfig
-
-    from ...errors import HfExtError, loading
+    from ...errors import HfExtError, load_config, loading
     from ...output import atomic_output_dir, check_output_dir
     from . import Ernie2ForPreTraining
 
     check_output_dir(args.out, args.overwrite)
-    with loading("a model config", args.model):
-        config = AutoConfig.from_pretrained(args.model, trust_remote_code=args.trust_remote_code or None)
-    require(config.model_type == Ernie2ForPreTraining.config_class.model_type,
-             f"{args.model} holds a {config.model_type} model, not an ERNIE 2.0 pre-training model")
+    load_config(args.model, Ernie2ForPreTraining.config_class.model_type, "an ERNIE 2.0 pre-training model",
+                args.trust_remote_code or None)
     with loading("an ERNIE 2.0 pre-training model", args.model):
         model = Ernie2ForPreTraining.from_pretrained(args.model)
     with atomic_output_dir(args.out, args.overwrite) as staging:

@@ -130,21 +130,20 @@ def _check_arguments(args):
 
 def _load_model(args, tasks):
     """The model to train: an MT-DNN model, or (--task-def) a BERT model with new heads for `tasks`."""
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoModel
 
-    from ...errors import HfExtError, loading
+    from ...errors import HfExtError, load_config, loading
     from . import MTDNNConfig, MTDNNModel
 
     trust = args.trust_remote_code or None
-    with loading("a model config", args.model):
-        config = AutoConfig.from_pretrained(args.model, trust_remote_code=trust)
     if args.task_def is None:
-        require(config.model_type == MTDNNConfig.model_type, f"{args.model} holds a {config.model_type!r} model, "
-                 "not an MT-DNN model (pass --task-def to put new heads on a BERT encoder)")
+        load_config(args.model, MTDNNConfig.model_type, "an MT-DNN model", trust,
+                    hint=" (pass --task-def to put new heads on a BERT encoder)")
         with loading("a model", args.model):
             return AutoModel.from_pretrained(args.model, trust_remote_code=trust)
+    config = load_config(args.model, trust_remote_code=trust)
     require(config.model_type == "bert", f"--task-def puts new heads on a BERT encoder, but {args.model} holds a "
-             f"{config.model_type!r} model")
+            f"{config.model_type!r} model")
     try:
         mtdnn = MTDNNConfig.from_task_def_yaml(args.task_def, config, task_names=tasks)
     except ValueError as error:

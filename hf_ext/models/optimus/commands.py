@@ -150,15 +150,14 @@ def _register_training_tools(tools):
 def _load_optimus(args):
     from transformers import AutoModel, AutoProcessor
 
-    from ...errors import HfExtError, loading
+    from ...errors import load_config, loading
+    from . import OptimusConfig
 
     trust = args.trust_remote_code or None
+    load_config(args.model, OptimusConfig.model_type, "an Optimus model", trust)
     with loading("an Optimus model", args.model):
-        model = AutoModel.from_pretrained(args.model, trust_remote_code=trust)
-        processor = AutoProcessor.from_pretrained(args.model, trust_remote_code=trust)
-    if model.config.model_type != "optimus":
-        raise HfExtError(f"{args.model} holds a {model.config.model_type!r} model, not an Optimus model")
-    return model, processor
+        return (AutoModel.from_pretrained(args.model, trust_remote_code=trust),
+                AutoProcessor.from_pretrained(args.model, trust_remote_code=trust))
 
 
 def _max_length(args, config):

@@ -112,15 +112,10 @@ def _train_algorithmic(args):
 def _halting_map(args):
     from pathlib import Path
 
-    from transformers import (
-        AutoConfig,
-        AutoModel,
-        AutoModelForSeq2SeqLM,
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-    )
+    from transformers import AutoModel, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    from ...errors import HfExtError, loading
+    from ...errors import HfExtError, load_config, loading
+    from . import UniversalTransformerConfig
     from ...plots import require_matplotlib
     from .training import halting_map, plot_halting_map
 
@@ -128,12 +123,7 @@ def _halting_map(args):
     require(out.parent.is_dir(), f"the folder of {out} does not exist")
     require_matplotlib()
     trust = args.trust_remote_code or None
-    try:
-        config = AutoConfig.from_pretrained(args.model, trust_remote_code=trust)
-    except OSError as error:
-        raise HfExtError(f"cannot load a model from {args.model}: {str(error).splitlines()[0]}") from None
-    require(config.model_type == "universal-transformer",
-             f"{args.model} holds a {config.model_type!r} model, not a Universal Transformer")
+    config = load_config(args.model, UniversalTransformerConfig.model_type, "a Universal Transformer", trust)
     architectures = " ".join(config.architectures or [])
     auto_class = (AutoModelForSeq2SeqLM if "Seq2SeqLM" in architectures
                   else AutoModelForSequenceClassification if "SequenceClassification" in architectures else AutoModel)
