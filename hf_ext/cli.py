@@ -50,6 +50,22 @@ def build_parser(prog="hf-ext"):
     return parser
 
 
+def model_commands(commands: argparse._SubParsersAction, converters: argparse._SubParsersAction,
+                   conversion: ModuleType, help_text: str, description: str) -> argparse._SubParsersAction:
+    """A model's `hf-ext convert NAME` (its conversion module, see `add_converter`) and its command group
+    `hf-ext NAME TOOL`, NAME being the conversion's `CONVERT_NAME`. Returns the group's subparsers, for its tools."""
+    add_converter(converters, conversion)
+    group = commands.add_parser(conversion.CONVERT_NAME, help=help_text, description=description)
+    return group.add_subparsers(dest="tool", required=True, metavar="TOOL")
+
+
+def add_model_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """The positional MODEL (a folder or Hub repo id) and `--trust-remote-code`, as every command that loads a model
+    takes them."""
+    parser.add_argument("model", help=help_text)
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
+
+
 def add_converter(converters: argparse._SubParsersAction, conversion: ModuleType) -> None:
     """`hf-ext convert NAME` for a model's conversion module: its `CONVERT_NAME` and `CONVERT_SUMMARY`, its options
     (`add_arguments(parser)`) and its work (`run(args)`)."""

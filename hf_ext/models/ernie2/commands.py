@@ -5,18 +5,16 @@ import argparse
 import json
 
 from ...arguments import nonnegative_int, number_in, positive_float, positive_int
-from ...cli import add_converter
+from ...cli import add_model_argument, model_commands
 from ...errors import require
 from . import conversion
 
 
 def register(commands: argparse._SubParsersAction, converters: argparse._SubParsersAction) -> None:
     """`hf-ext convert ernie2` and the `hf-ext ernie2` commands."""
-    add_converter(converters, conversion)
-    group = commands.add_parser("ernie2", help="ERNIE 2.0 continual pre-training and GLUE fine-tuning",
-                                description="Continue ERNIE 2.0 pre-training stage by stage, export the result, "
-                                "fine-tune it on GLUE tasks.")
-    tools = group.add_subparsers(dest="tool", required=True, metavar="TOOL")
+    tools = model_commands(commands, converters, conversion, "ERNIE 2.0 continual pre-training and GLUE fine-tuning",
+                           "Continue ERNIE 2.0 pre-training stage by stage, export the result, "
+                           "fine-tune it on GLUE tasks.")
     # the training modules (transformers.Trainer, datasets) are imported only when a tool runs
 
     parser = tools.add_parser(
@@ -24,8 +22,7 @@ def register(commands: argparse._SubParsersAction, converters: argparse._SubPars
         description="Pre-train MODEL (a converted ERNIE folder, or an ERNIE 2.0 pre-training folder) stage by stage on "
         "the tasks of the schedule. OUTPUT_DIR holds one folder per stage; running the same command again resumes "
         "where it stopped. At the end OUTPUT_DIR/ernie is a plain transformers ernie folder for fine-tuning.")
-    parser.add_argument("model", help="converted ERNIE folder, ERNIE 2.0 pre-training folder, or Hub repo id")
-    parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
+    add_model_argument(parser, "converted ERNIE folder, ERNIE 2.0 pre-training folder, or Hub repo id")
     parser.add_argument("--documents", required=True, help="raw documents: .jsonl ({\"paragraphs\": [[sentence, ...], "
                         "...], \"entities\": [...], \"phrases\": [...]}) or text (a sentence per line, a blank line "
                         "between paragraphs, two between documents)")
@@ -62,8 +59,7 @@ def register(commands: argparse._SubParsersAction, converters: argparse._SubPars
     parser = tools.add_parser("export", help="save the encoder of a pre-training folder as a plain ernie folder",
                               description="Write the encoder (with task embeddings) and MLM head of an ERNIE 2.0 "
                               "pre-training folder (a stage's model/) as a transformers ernie folder.")
-    parser.add_argument("model", help="ERNIE 2.0 pre-training folder or Hub repo id")
-    parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
+    add_model_argument(parser, "ERNIE 2.0 pre-training folder or Hub repo id")
     parser.add_argument("out", help="folder to write (must not exist unless --overwrite)")
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     parser.set_defaults(handler=_export)
@@ -73,8 +69,7 @@ def register(commands: argparse._SubParsersAction, converters: argparse._SubPars
         description="Fine-tune a plain ernie folder with transformers' ErnieForSequenceClassification on GLUE TSV "
         "files (the task's own layout), feeding --task-id as the task id; print the GLUE metrics of --eval-file as "
         "JSON.")
-    parser.add_argument("model", help="ernie folder (converted, or OUTPUT_DIR/ernie of pretrain) or Hub repo id")
-    parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
+    add_model_argument(parser, "ernie folder (converted, or OUTPUT_DIR/ernie of pretrain) or Hub repo id")
     parser.add_argument("--task", required=True, help="GLUE task: CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI")
     parser.add_argument("--train-file", required=True, help="the task's train.tsv")
     parser.add_argument("--eval-file", help="the task's dev.tsv (dev_matched.tsv for MNLI)")

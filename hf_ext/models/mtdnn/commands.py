@@ -4,7 +4,7 @@ evaluation and best-checkpoint selection, LoRA, and distillation from teacher en
 import argparse
 
 from ...arguments import fraction, nonnegative_float, number_in, positive_float, positive_int
-from ...cli import add_converter
+from ...cli import add_model_argument, model_commands
 from ...errors import require
 from . import conversion
 
@@ -21,11 +21,9 @@ DEFAULT_MAX_LENGTH = 512
 
 def register(commands: argparse._SubParsersAction, converters: argparse._SubParsersAction) -> None:
     """`hf-ext convert mtdnn` and the `hf-ext mtdnn` commands."""
-    add_converter(converters, conversion)
-    group = commands.add_parser("mtdnn", help="MT-DNN multi-task training and distillation",
-                                description="Fine-tune an MT-DNN model on several tasks at once (a folder or a Hub "
-                                "repo id), or distil teacher models into it.")
-    tools = group.add_subparsers(dest="tool", required=True, metavar="TOOL")
+    tools = model_commands(commands, converters, conversion, "MT-DNN multi-task training and distillation",
+                           "Fine-tune an MT-DNN model on several tasks at once (a folder or a Hub "
+                           "repo id), or distil teacher models into it.")
     parser = tools.add_parser("train", help="multi-task fine-tuning with the original's task mixing",
                               description="Multi-task fine-tuning: every step trains one task's batch, tasks mixed as "
                               "the original's sampler does; per-task GLUE metrics on the --eval data; saves the model "
@@ -48,7 +46,7 @@ def register(commands: argparse._SubParsersAction, converters: argparse._SubPars
 
 
 def _add_training_arguments(parser):
-    parser.add_argument("model", help="MT-DNN model folder or Hub repo id; with --task-def, a BERT model")
+    add_model_argument(parser, "MT-DNN model folder or Hub repo id; with --task-def, a BERT model")
     parser.add_argument("--train", action="append", required=True, metavar="TASK=PATH",
                         help="training data of a task: a GLUE .tsv file or the original's preprocessed .json lines "
                         "(repeat per task; the first task is the main task of --mix-opt 1 and --ratio)")
@@ -97,7 +95,6 @@ def _add_training_arguments(parser):
     parser.add_argument("--lora-alpha", type=float, help="LoRA scaling numerator (default 2 x --lora-r)")
     parser.add_argument("--lora-dropout", type=fraction, default=0.0, help="dropout on the LoRA path (default 0)")
     parser.add_argument("--logging-steps", type=positive_int, default=50, help="steps per logged average (default 50)")
-    parser.add_argument("--trust-remote-code", action="store_true", help="allow a model folder's own code")
 
 
 

@@ -7,7 +7,7 @@ import json
 import torch
 
 from ...arguments import fraction, nonnegative_float, number_in, positive_float, positive_int, probability
-from ...cli import add_converter
+from ...cli import add_model_argument, model_commands
 from ...errors import require
 from . import conversion
 from .demo import add_demo_command
@@ -17,14 +17,12 @@ CHECKPOINTS_SUFFIX = "-checkpoints"  # OUTPUT_DIR-checkpoints/: the run's Traine
 
 def register(commands: argparse._SubParsersAction, converters: argparse._SubParsersAction) -> None:
     """`hf-ext convert optimus` and the `hf-ext optimus` commands."""
-    add_converter(converters, conversion)
-    group = commands.add_parser("optimus", help="Optimus latent-space tools and training",
-                                description="Work with an Optimus model (a folder or a Hub repo id).")
-    tools = group.add_subparsers(dest="tool", required=True, metavar="TOOL")
+    tools = model_commands(commands, converters, conversion, "Optimus latent-space tools and training",
+                           "Work with an Optimus model (a folder or a Hub repo id).")
 
     def tool(name, help_text, handler):
         parser = tools.add_parser(name, help=help_text, description=help_text)
-        parser.add_argument("model", help="model folder or Hub repo id")
+        add_model_argument(parser, "model folder or Hub repo id")
         parser.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens to generate (default 32)")
         parser.add_argument("--num-beams", type=positive_int, default=1, help="beam search width (default 1: greedy)")
         parser.add_argument("--sample", action="store_true", help="sample instead of greedy/beam decoding")
@@ -33,7 +31,6 @@ def register(commands: argparse._SubParsersAction, converters: argparse._SubPars
         parser.add_argument("--temperature", type=positive_float, default=1.0,
                             help="sampling temperature (with --sample)")
         parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-        parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
         parser.set_defaults(handler=lambda args: handler(args, _latent_space(args)))
         return parser
 
@@ -102,12 +99,11 @@ def _register_training_tools(tools):
     # the training modules (transformers.Trainer) are imported only when a tool runs, to keep `hf-ext` quick to start
     def model_tool(name, help_text, handler):
         parser = tools.add_parser(name, help=help_text, description=help_text)
-        parser.add_argument("model", help="model folder or Hub repo id")
+        add_model_argument(parser, "model folder or Hub repo id")
         parser.add_argument("--batch-size", type=positive_int, default=8, help="sentences per batch (default 8)")
         parser.add_argument("--max-length", type=number_in(int, 3, description="at least 3 (<BOS>, a token, <EOS>)"),
                             help="truncate each side to this many tokens (default: what the model's positions allow)")
         parser.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
-        parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
         parser.set_defaults(handler=handler)
         return parser
 

@@ -5,18 +5,16 @@ import argparse
 import json
 
 from ...arguments import fraction, positive_float, positive_int
-from ...cli import add_converter
+from ...cli import add_model_argument, model_commands
 from ...errors import require
 from . import conversion
 
 
 def register(commands: argparse._SubParsersAction, converters: argparse._SubParsersAction) -> None:
     """`hf-ext convert universal-transformer` and the `hf-ext universal-transformer` commands."""
-    add_converter(converters, conversion)
-    group = commands.add_parser("universal-transformer", help="Universal Transformer training and halting maps",
-                                description="Train a Universal Transformer on an algorithmic task, or plot how long "
-                                "each position of an input ponders.")
-    tools = group.add_subparsers(dest="tool", required=True, metavar="TOOL")
+    tools = model_commands(commands, converters, conversion, "Universal Transformer training and halting maps",
+                           "Train a Universal Transformer on an algorithmic task, or plot how long "
+                           "each position of an input ponders.")
 
     parser = tools.add_parser(
         "train-algorithmic", help="train on copy, reverse or addition and test at longer lengths",
@@ -40,12 +38,11 @@ def register(commands: argparse._SubParsersAction, converters: argparse._SubPars
         "halting-map", help="plot the ponder time of each position of an input",
         description="Plot the halting map of TEXT: the ponder time N + R of every encoder position and, for a "
         "seq2seq model, of every position of its greedy output. Prints the values as JSON.")
-    parser.add_argument("model", help="Universal Transformer folder or Hub repo id (with its tokenizer)")
+    add_model_argument(parser, "Universal Transformer folder or Hub repo id (with its tokenizer)")
     parser.add_argument("text", help="the input, e.g. 1234567 for a model trained with train-algorithmic")
     parser.add_argument("out", help="image to write (PNG, or another format matplotlib knows from the suffix)")
     parser.add_argument("--max-new-tokens", type=positive_int,
                         help="longest greedy output of a seq2seq model (default: the input length plus one)")
-    parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
     parser.set_defaults(handler=_halting_map)
 
 
