@@ -8,10 +8,15 @@ import torch
 from transformers import AutoModel
 
 from hf_ext.cli import main
-from hf_ext.models.optimus.demo import SHOWN
+from hf_ext.models.optimus.demo import ACTIVITIES, PLACES, SHOWN, SUBJECTS
 from hf_ext.sample_text import bundled_sentences
 
 SUMMARY_FIELDS = {"reconstructions", "interpolation", "kl", "active_units", "mutual_information", "seconds"}
+
+
+def parts(text):
+    """The recombination parts a sentence contains (as words in a row)."""
+    return [part for part in (*SUBJECTS, *ACTIVITIES, *PLACES) if f" {part} " in f" {text} "]
 
 
 def position_accuracy(reference, output):
@@ -69,6 +74,12 @@ def test_demo_defaults_give_a_working_vae(tmp_path, capsys, no_network):
     assert [step["t"] for step in steps] == pytest.approx([i / (len(steps) - 1) for i in range(len(steps))])
     assert steps[0]["text"] == interpolation["source"] and steps[-1]["text"] == interpolation["target"]
     assert len({step["text"] for step in steps}) >= 3  # the path passes through other sentences on its way
+    # and on the way it recombines: a step that is neither end keeps a part (subject, activity or place) of one
+    ends = (interpolation["source"], interpolation["target"])
+    assert any(step["text"] not in ends and (step["parts_from_source"] or step["parts_from_target"])
+               for step in steps[1:-1]), steps
+    for step in steps:
+        assert set(step["parts_from_source"] + step["parts_from_target"]) <= set(parts(step["text"])), step
     # an informative latent: a real KL, most dimensions active, the sentences told apart
     assert summary["kl"] > 5
     assert summary["active_units"] >= summary["latent_size"] // 2

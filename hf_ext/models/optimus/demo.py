@@ -8,17 +8,23 @@ download.
    active units, mutual information), 6. write demo.json and, when matplotlib is there, demo.png (the latent space
    with the interpolation path, beside the training curves).
 
-The model learns the 40 bundled sentences and is asked about those same sentences: the demo shows the mechanics,
-not generalisation.
+The model learns the 40 bundled sentences, beside 216 sentences recombined from parts of them (a subject, an
+activity, a place), and is asked about the bundled ones: the demo shows the mechanics, not generalisation. The
+recombined sentences teach it that a sentence is made of parts, so that the points between two sentences decode to
+sentences that mix the parts of both.
 """
 
 import argparse
+import itertools
 import json
+import random
 import shutil
 import time
 from pathlib import Path
 
 from transformers import TrainerCallback
+
+from ...arguments import positive_int
 
 DEMO_REPO_ID = "hf-ext/optimus-demo"
 MARKER = ".hf-ext-demo"
@@ -29,6 +35,13 @@ MARKER = ".hf-ext-demo"
 # decoder to settle after the KL penalty reshapes the latent space), with free bits leaving the KL of each
 # dimension up to `DIM_TARGET_KL` unpenalised.
 MODEL_SIZES = dict(latent_size=16, hidden_size=64, num_layers=2, num_heads=4, decoder_vocab_size=600)
+# The parts the recombined sentences are made of, all taken from the bundled sentences; each bundled sentence is
+# trained BUNDLED_REPEATS times per pass over the recombined ones, so that it is learnt whole.
+SUBJECTS = ("a man", "a woman", "a boy", "a girl", "a child", "an old man")
+ACTIVITIES = ("playing a guitar", "reading a book", "eating an apple", "riding a horse", "riding a bicycle",
+              "drinking coffee")
+PLACES = ("on the street", "in the park", "in the kitchen", "on the beach", "at home", "on the train")
+BUNDLED_REPEATS = 4
 BETA = 0.5
 RATIO_ZERO = 0.25
 RATIO_INCREASE = 0.25
@@ -36,7 +49,7 @@ DIM_TARGET_KL = 3.0
 LEARNING_RATE = 2e-3
 WARMUP_STEPS = 20
 BATCH_SIZE = 16
-DEFAULT_STEPS = 2000
+DEFAULT_STEPS = 5000
 # sentences whose reconstructions are printed, and the two ends of the interpolation (indices into the bundled file)
 SHOWN = (0, 1, 2, 3)
 INTERPOLATION_ENDS = (0, 1)
@@ -52,10 +65,34 @@ def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, default=Path("hf-ext-demo"),
                         help="folder for everything the demo writes (default ./hf-ext-demo, replaced on each run)")
-    parser.add_argument("--max-steps", type=int, default=DEFAULT_STEPS,
+    parser.add_argument("--max-steps", type=positive_int, default=DEFAULT_STEPS,
                         help=f"training steps (default {DEFAULT_STEPS})")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.set_defaults(handler=run_demo)
+
+
+def recombined_sentences() -> list[str]:
+    """Every `SUBJECTS` x `ACTIVITIES` x `PLACES` sentence, in the bundled sentences' form."""
+    return [f"{subject} is {activity} {place} ." for subject, activity, place in
+            itertools.product(SUBJECTS, ACTIVITIES, PLACES)]
+
+
+def sentence_parts(text: str) -> dict[str, str]:
+    """The subject, activity and place of a sentence of the recombined form (those of its parts it has)."""
+    parts = {}
+    for name, choices in (("subject", SUBJECTS), ("activity", ACTIVITIES), ("place", PLACES)):
+        found = [choice for choice in choices if f" {choice} " in f" {text} "]
+        if found:
+            parts[name] = max(found, key=len)  # "an old man" rather than "a man"
+    return parts
+
+
+def shared_parts(text: str, source: str, target: str) -> tuple[list[str], list[str]]:
+    """The parts `text` has of `source` and of `target`, each only where the two ends differ."""
+    parts, first, last = sentence_parts(text), sentence_parts(source), sentence_parts(target)
+    differing = [name for name in parts if first.get(name) != last.get(name)]
+    return ([parts[name] for name in differing if parts[name] == first.get(name)],
+            [parts[name] for name in differing if parts[name] == last.get(name)])
 
 
 class ProgressLines(TrainerCallback):
@@ -101,8 +138,6 @@ def _run_demo(args: argparse.Namespace) -> None:
     from .samples import bundled_sentences, write_sample_checkpoint
     from .training import finetune_optimus
 
-    if args.max_steps < 1:
-        raise HfExtError("--max-steps must be at least 1")
     started = time.monotonic()
     workdir = args.workdir
     if workdir.exists():
@@ -113,8 +148,10 @@ def _run_demo(args: argparse.Namespace) -> None:
     (workdir / MARKER).touch()
     torch.manual_seed(args.seed)
     sentences = bundled_sentences()
+    recombined = recombined_sentences()
     print(f"hf-ext demo: a small Optimus trained, then queried, on the {len(sentences)} sentences bundled with hf-ext\n"
-          "   (hf_ext/data/sentences.txt: it shows the mechanics, not generalisation); nothing is downloaded")
+          f"   (hf_ext/data/sentences.txt, with {len(recombined)} sentences recombined from their parts: it shows the "
+          "mechanics,\n   not generalisation); nothing is downloaded")
 
     print(f"1. writing an original-format Optimus checkpoint to {workdir / 'original'}")
     write_sample_checkpoint(workdir / "original", seed=args.seed, weight_scale=None, beta=BETA,
@@ -133,10 +170,13 @@ def _run_demo(args: argparse.Namespace) -> None:
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
 
-    print(f"4. training with Trainer for {args.max_steps} steps on the {len(sentences)} bundled sentences\n"
+    texts = sentences * BUNDLED_REPEATS + recombined
+    random.Random(args.seed).shuffle(texts)
+    print(f"4. training with Trainer for {args.max_steps} steps on the {len(sentences)} bundled sentences and the "
+          f"{len(recombined)} recombined ones\n"
           f"   beta 0 for the first {RATIO_ZERO:.0%} of the steps, a ramp to {BETA} over the next "
           f"{RATIO_INCREASE:.0%}; free bits: {DIM_TARGET_KL} nats per latent dimension")
-    trainer = finetune_optimus(model, processor, Dataset.from_dict({"text": sentences}), workdir / "trainer",
+    trainer = finetune_optimus(model, processor, Dataset.from_dict({"text": texts}), workdir / "trainer",
                                max_steps=args.max_steps, batch_size=BATCH_SIZE, learning_rate=LEARNING_RATE,
                                ratio_zero=RATIO_ZERO, ratio_increase=RATIO_INCREASE,
                                logging_steps=max(1, args.max_steps // 40),
@@ -159,9 +199,11 @@ def _run_demo(args: argparse.Namespace) -> None:
     path_latents = model.interpolate(means[0], means[1], INTERPOLATION_STEPS)
     steps = list(zip(torch.linspace(0, 1, INTERPOLATION_STEPS).tolist(), space.decode(path_latents)))
     print(f"   interpolation between the posterior means of sentences {INTERPOLATION_ENDS[0] + 1} and "
-          f"{INTERPOLATION_ENDS[1] + 1} of the file:")
-    for weight, text in steps:
-        print(f"   t={weight:.2f}  {text}")
+          f"{INTERPOLATION_ENDS[1] + 1} of the file,\n   with the parts (subject, activity, place) each step has "
+          "of the first / of the last:")
+    mixes = [shared_parts(text, source, target) for _, text in steps]
+    for (weight, text), (from_source, from_target) in zip(steps, mixes):
+        print(f"   t={weight:.2f}  {text:<45} parts {len(from_source)} / {len(from_target)}")
     samples = space.sample(PRIOR_SAMPLES, generator=torch.Generator().manual_seed(args.seed))
     print("   decoded from z ~ N(0, I):")
     for text in samples:
@@ -175,14 +217,16 @@ def _run_demo(args: argparse.Namespace) -> None:
           "(hf_ext.models.optimus.metrics)")
 
     summary = {
-        "trained_on": f"the {len(sentences)} bundled sentences (hf_ext/data/sentences.txt); the reconstructions are "
-                      "of training sentences",
+        "trained_on": f"the {len(sentences)} bundled sentences (hf_ext/data/sentences.txt) and {len(recombined)} "
+                      "recombined from their parts; the reconstructions are of training sentences",
         "max_steps": args.max_steps,
         "seed": args.seed,
         "reconstructions": [{"input": sentence, "output": output, "word_accuracy": accuracy}
                             for sentence, output, accuracy in zip(sentences, outputs, accuracies)],
         "interpolation": {"source": source, "target": target,
-                          "steps": [{"t": weight, "text": text} for weight, text in steps]},
+                          "steps": [{"t": weight, "text": text, "parts_from_source": from_source,
+                                     "parts_from_target": from_target}
+                                    for (weight, text), (from_source, from_target) in zip(steps, mixes)]},
         "prior_samples": samples,
         "kl": metrics["kl"],
         "active_units": metrics["active_units"],
@@ -197,11 +241,12 @@ def _run_demo(args: argparse.Namespace) -> None:
     try:
         from .plots import plot_latent_space
 
-        all_means, _ = space.encode(sentences)
+        plotted = sentences + recombined
+        all_means, _ = space.encode(plotted)
         # the shown sentences, and those the interpolation passes through
-        passed = {index for index, sentence in enumerate(sentences) if sentence in dict(steps).values()}
+        passed = {index for index, sentence in enumerate(plotted) if sentence in dict(steps).values()}
         labelled = sorted({*SHOWN, *INTERPOLATION_ENDS} | passed)
-        plot_latent_space(all_means.numpy(), sentences, workdir / "demo.png",
+        plot_latent_space(all_means.numpy(), plotted, workdir / "demo.png",
                           interpolation=(path_latents.numpy(), steps), labelled=labelled,
                           log_history=trainer.state.log_history, title="hf-ext demo: Optimus on the bundled sentences")
         print(f" and {workdir / 'demo.png'} (the latent space and the training curves)")
