@@ -186,6 +186,18 @@ class UniversalTransformerLayerNorm(nn.Module):
             return self.weight * (hidden - mean) / (hidden.std(-1, keepdim=True) + self.eps) + self.bias
         return F.layer_norm(hidden, self.weight.shape, self.weight, self.bias, self.eps)
 
+    def statistics(self, hidden):
+        """The mean `[..., 1]` and the inverse scale `[..., 1]` this norm computes for `hidden`:
+        `forward(hidden) = weight * (hidden - mean) * inverse_scale + bias`."""
+        if self.unbiased_std:
+            return hidden.mean(-1, keepdim=True), 1.0 / (hidden.std(-1, keepdim=True) + self.eps)
+        if not (torch.is_grad_enabled() and hidden.requires_grad):
+            # PyTorch's own layer norm computes them much faster than `var`, but gives them no gradient
+            _, mean, inverse_scale = torch.ops.aten.native_layer_norm(hidden, self.weight.shape, None, None, self.eps)
+            return mean, inverse_scale
+        variance, mean = torch.var_mean(hidden, -1, unbiased=False, keepdim=True)
+        return mean, torch.rsqrt(variance + self.eps)
+
 
 def layer_norm(config):
     return UniversalTransformerLayerNorm(config.hidden_size, config.layer_norm_eps,
@@ -215,8 +227,19 @@ class UniversalTransformerAttention(nn.Module):
 
     def project_key_value(self, states):
         """`[batch, length, hidden]` -> keys and values `[batch, heads, length, head_dim]`."""
-        key = self._heads(self.k_proj(states), self.key_head_dim)
-        return key, self._heads(self.v_proj(states), self.value_head_dim)
+        return self.split_heads(self.k_proj(states), self.v_proj(states))
+
+    def split_heads(self, key, value):
+        """Projected keys and values `[batch, length, depth]` -> `[batch, heads, length, head_dim]`."""
+        return self._heads(key, self.key_head_dim), self._heads(value, self.value_head_dim)
+
+    def key_value_weights(self, norm):
+        """The key and value projections folded with the pre-norm's weight, for `FrozenKeyValues`; None when the
+        projections are not plain linear maps (adapters such as PEFT's LoRA wrap them)."""
+        if type(self.k_proj) is not nn.Linear or type(self.v_proj) is not nn.Linear:
+            return None
+        return [(projection.weight * norm.weight, projection.weight @ norm.weight, projection.weight @ norm.bias)
+                for projection in (self.k_proj, self.v_proj)]
 
     def forward(self, queries: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -303,6 +326,49 @@ TRANSITION_CLASSES = {
 }
 
 
+class FrozenKeyValues:
+    """The keys and values of the positions ACT has halted ("frozen" semantics), at every step, without projecting
+    their states again.
+
+    A halted position keeps its state h; its step input is x = u + s, with u = h + its position signal and s the
+    step's signal. The pre-norm gives LN(x) = w * (x - mean(x)) * r(x) + b, so its key is
+    K LN(x) = r(x) * (A u + A s - mean(x) * A 1) + K b with A = K diag(w): `A u` is projected once, when the position
+    halts, `A s`, `A 1` and `K b` once per step for all positions, and mean(x) and r(x) are the norm's statistics,
+    O(hidden) per position. The same holds for values. This is the same function as projecting LN(x), computed in
+    another order (float32 results differ by rounding only)."""
+
+    def __init__(self, attention, norm, state):
+        self.norm = norm
+        self.weights = attention.key_value_weights(norm)
+        depths = (attention.k_proj.out_features, attention.v_proj.out_features)
+        self.projected = [state.new_zeros(*state.shape[:2], depth) for depth in depths]
+        self.cached = torch.zeros(state.shape[:2], dtype=torch.bool, device=state.device)
+
+    @property
+    def usable(self):
+        return self.weights is not None
+
+    def __call__(self, base, signal, step_input, halted):
+        """Keys and values `[batch, length, depth]` of the step inputs `step_input = base + signal` (`base`
+        `[batch, length, hidden]`, `signal` `[hidden]`), right at the `halted` positions."""
+        newly_halted = halted & ~self.cached
+        if bool(newly_halted.any()):
+            index, valid = running_positions(newly_halted)
+            rows = gather_positions(base, index)
+            self.projected = [scatter_positions(projected, index, valid, rows @ folded.T)
+                              for projected, (folded, _, _) in zip(self.projected, self.weights)]
+            self.cached = self.cached | newly_halted
+        mean, inverse_scale = self.norm.statistics(step_input)
+        # r * A u + (r * A s - r * mean * A 1 + K b): the second part as one [positions, 3] @ [3, depth] product
+        coefficients = torch.cat([inverse_scale, -inverse_scale * mean, torch.ones_like(mean)], -1).flatten(0, 1)
+        outputs = []
+        for projected, (folded, ones, bias) in zip(self.projected, self.weights):
+            terms = torch.stack([signal @ folded.T, ones, bias])
+            outputs.append(torch.addmm((projected * inverse_scale).flatten(0, 1), coefficients, terms)
+                           .view_as(projected))
+        return outputs
+
+
 class UniversalTransformerLayer(GradientCheckpointingLayer):
     """The shared pre-norm layer: `x + dropout(attention(LN(x)))` [then the same with encoder-decoder attention],
     then `x + dropout(transition(LN(x)))`. With gradient checkpointing every step it takes is recomputed in the
@@ -320,20 +386,31 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, states, self_attention_bias=None, running=None, nonpadding=None, cross_key_value=None,
-                cross_attention_bias=None):
+                cross_attention_bias=None, frozen_key_value=None, passthrough=None):
         """Transform `[batch, length, hidden]` step inputs. With a `running` mask only those positions are
-        transformed; every position is still read as key and value, and the others come back unchanged. Returns the
+        transformed; every position is still read as key and value, and the others come back as `passthrough`
+        (default: their step input); their keys and values may be given (`frozen_key_value`, `[batch, length,
+        depth]` each, from `FrozenKeyValues`), and are then projected for the running positions only. Returns the
         new states and the self- and cross-attention weights over all positions (None where not computed)."""
-        normed = self.self_attn_layer_norm(states)
-        key, value = self.self_attn.project_key_value(normed)
+        passthrough = states if passthrough is None else passthrough
         index = valid = None
-        hidden, queries, bias = states, normed, self_attention_bias
+        hidden, bias = states, self_attention_bias
         if running is not None:
             index, valid = running_positions(running)
-            hidden, queries = gather_positions(states, index), gather_positions(normed, index)
+            hidden = gather_positions(states, index)
             if bias is not None and bias.shape[2] > 1:  # per-query rows (causal): keep the running queries' rows
                 bias = bias.expand(states.shape[0], -1, -1, -1)
                 bias = bias.gather(2, index[:, None, :, None].expand(-1, 1, -1, bias.shape[-1]))
+        queries = self.self_attn_layer_norm(hidden)
+        if frozen_key_value is not None:
+            packed = queries[valid]  # the running positions' normed inputs, packed across the batch
+            # in place: `FrozenKeyValues` makes these tensors anew for every step
+            key, value = self.self_attn.split_heads(*(
+                frozen.index_put_((running,), projection(packed))
+                for frozen, projection in zip(frozen_key_value, (self.self_attn.k_proj, self.self_attn.v_proj))))
+        else:
+            key, value = self.self_attn.project_key_value(
+                queries if index is None else self.self_attn_layer_norm(states))
         attention_output, self_weights = self.self_attn(queries, key, value, bias)
         hidden = hidden + self.dropout(attention_output)
         cross_weights = None
@@ -345,11 +422,17 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
             self_weights, cross_weights = (
                 None if weights is None else scatter_query_rows(weights, index, valid, states.shape[1])
                 for weights in (self_weights, cross_weights))
-            if not self.transition.position_wise:
-                # a convolution reads neighbours: positions not transformed pass their step input through unchanged
-                hidden, index = scatter_positions(states, index, valid, hidden), None
+            if self.transition.position_wise:
+                # the running positions packed across the batch, so that rows padded to the longest row's count of
+                # running positions cost nothing
+                hidden = hidden[valid]
+                hidden = hidden + self.dropout(self.transition(self.transition_layer_norm(hidden)))
+                return passthrough.index_put((running,), hidden), self_weights, cross_weights
+            # a convolution reads neighbours: positions not transformed pass their step input through unchanged
+            hidden = scatter_positions(states, index, valid, hidden)
         hidden = hidden + self.dropout(self.transition(self.transition_layer_norm(hidden), nonpadding))
-        hidden = hidden if index is None else scatter_positions(states, index, valid, hidden)
+        if running is not None:
+            hidden = torch.where(running.unsqueeze(-1), hidden, passthrough)
         return hidden, self_weights, cross_weights
 
 
@@ -428,10 +511,11 @@ class UniversalTransformerStack(nn.Module):
                     "attentions": () if output_attentions else None,
                     "cross_attentions": () if output_attentions and self.is_decoder else None}
 
-        def transform(step_input, running=None):
+        def transform(step_input, running=None, frozen_key_value=None, passthrough=None):
             """The shared layer on one step's input; records the step's outputs that were asked for."""
             new_state, self_weights, cross_weights = self.layer(step_input, self_bias, running=running,
-                                                                nonpadding=conv_mask, **cross)
+                                                                nonpadding=conv_mask, frozen_key_value=frozen_key_value,
+                                                                passthrough=passthrough, **cross)
             for name, value in (("attentions", self_weights), ("cross_attentions", cross_weights)):
                 if recorded[name] is not None:
                     recorded[name] += (value,)
@@ -472,10 +556,13 @@ class UniversalTransformerStack(nn.Module):
         remainders = torch.zeros_like(halting_probability)
         n_updates = torch.zeros_like(halting_probability)
         mixed = torch.zeros_like(state)
+        frozen_key_values = FrozenKeyValues(self.layer.self_attn, self.layer.self_attn_layer_norm, state) \
+            if frozen else None
         for step in range(max_steps):
             if not bool(((halting_probability < threshold) & (n_updates < max_steps)).any()):
                 break
-            step_input = state + position + steps[step]
+            base = state + position
+            step_input = base + steps[step]
             p = torch.sigmoid(self.halting(step_input).squeeze(-1).to(halting_probability.dtype))
             running = halting_probability < 1.0
             still_running = running.to(p.dtype)
@@ -487,10 +574,14 @@ class UniversalTransformerStack(nn.Module):
             n_updates = n_updates + still_running + new_halted
             update_weights = (p * still_running + new_halted * remainders).unsqueeze(-1).to(state.dtype)
             if frozen and not bool(running.all()):
-                state = torch.where(running.unsqueeze(-1), transform(step_input, running), state)
+                # halted positions are only read: their queries and transition are not computed, nor, when the
+                # projections are plain, their keys and values from scratch
+                key_value = frozen_key_values(base, steps[step], step_input, ~running) \
+                    if frozen_key_values.usable else None
+                state = transform(step_input, running, key_value, passthrough=state)
             else:
                 state = transform(step_input)
-            mixed = state * update_weights + mixed * (1 - update_weights)
+            mixed = torch.lerp(mixed, state, update_weights)  # state * w + mixed * (1 - w), in one pass
             record(state)
         return mixed, n_updates, remainders
 

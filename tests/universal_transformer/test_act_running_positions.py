@@ -1,0 +1,147 @@
+"""ACT's "frozen" halted positions cost only what they must: their queries and transition are not computed, and
+their keys and values come from `FrozenKeyValues` (their projected state, folded with each step's signal) instead
+of being projected again. These tests run each model twice on the same inputs: as the package computes it, and
+with a layer that computes every position densely at every step and then keeps the old state of the halted
+positions, which is the definition of the semantics. Outputs agree to float32 rounding, the number of updates of
+every position exactly, gradients too."""
+
+import pytest
+import torch
+
+from hf_ext import UniversalTransformerConfig, UniversalTransformerForSeq2SeqLM, UniversalTransformerModel
+from hf_ext.lora import add_lora
+from hf_ext.models.universal_transformer import modeling_universal_transformer as modeling
+
+ATOL = 2e-5
+
+
+def dense_layer_forward(self, states, self_attention_bias=None, running=None, nonpadding=None, cross_key_value=None,
+                        cross_attention_bias=None, frozen_key_value=None, passthrough=None):
+    """The frozen semantics, naively: every position projected, attended and transformed, then the halted ones
+    put back (their step input as a convolution's neighbour, their old state as output)."""
+    normed = self.self_attn_layer_norm(states)
+    hidden = states + self.dropout(self.self_attn(normed, *self.self_attn.project_key_value(normed),
+                                                  self_attention_bias)[0])
+    if cross_key_value is not None:
+        hidden = hidden + self.dropout(self.cross_attn(self.cross_attn_layer_norm(hidden), *cross_key_value,
+                                                       cross_attention_bias)[0])
+    if running is not None:
+        hidden = torch.where(running.unsqueeze(-1), hidden, states)
+    hidden = hidden + self.dropout(self.transition(self.transition_layer_norm(hidden), nonpadding))
+    if running is not None:
+        hidden = torch.where(running.unsqueeze(-1), hidden, states if passthrough is None else passthrough)
+    return hidden, None, None
+
+
+def config(**overrides):
+    values = dict(vocab_size=40, hidden_size=32, num_attention_heads=4, intermediate_size=48, act_max_steps=8,
+                  hidden_dropout_prob=0.0, input_dropout=0.0, attention_dropout=0.0, relu_dropout=0.0,
+                  label_smoothing=0.0, pad_token_id=0, decoder_start_token_id=1, eos_token_id=2)
+    values.update(overrides)
+    return UniversalTransformerConfig(**values)
+
+
+def mixed_halting(model, seed=0):
+    """Random weights everywhere the default initialisation leaves constants (norms, halting unit), so that
+    positions halt at many different steps."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "layer_norm" in name or "halting" in name:
+                scale = 1.5 if "halting" in name else 0.3
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * scale)
+    return model
+
+
+def inputs(batch=3, length=11, seed=1, padded=True):
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(3, 40, (batch, length), generator=generator)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    if padded:
+        for row, keep in enumerate(range(length, length - 2 * batch, -2)):
+            mask[row, keep:] = 0
+            input_ids[row, keep:] = 0
+    return input_ids, mask
+
+
+def both_ways(monkeypatch, run):
+    """`run()` as the package computes it, then with the dense layer."""
+    fast = run()
+    with monkeypatch.context() as patch:
+        patch.setattr(modeling.UniversalTransformerLayer, "forward", dense_layer_forward)
+        dense = run()
+    return fast, dense
+
+
+def assert_same_act(fast, dense):
+    assert torch.equal(fast.n_updates, dense.n_updates)
+    torch.testing.assert_close(fast.remainders, dense.remainders, atol=ATOL, rtol=0)
+    torch.testing.assert_close(fast.last_hidden_state, dense.last_hidden_state, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"transition": "sepconv", "step_signal": "sinusoid"},
+    {"transition": "conv", "layer_norm_type": "unbiased_std", "step_signal": "none"},
+    {"attention_key_depth": 48, "attention_value_depth": 16},
+], ids=["fc-learned", "sepconv-sinusoid", "conv-unbiased-none", "other-depths"])
+def test_encoder_outputs_and_updates_are_those_of_the_dense_computation(monkeypatch, overrides):
+    model = mixed_halting(UniversalTransformerModel(config(**overrides))).eval()
+    input_ids, mask = inputs()
+    with torch.no_grad():
+        fast, dense = both_ways(monkeypatch, lambda: model(input_ids=input_ids, attention_mask=mask))
+    assert_same_act(fast, dense)
+    steps = fast.n_updates[mask.bool()]
+    assert steps.min() < steps.max() - 1, steps  # positions halted at different steps: the fast path ran
+    torch.testing.assert_close(fast.ponder_cost, dense.ponder_cost, atol=ATOL, rtol=0)
+
+
+def test_seq2seq_loss_logits_and_gradients_are_those_of_the_dense_computation(monkeypatch):
+    model = mixed_halting(UniversalTransformerForSeq2SeqLM(config()))
+    input_ids, mask = inputs()
+    labels = inputs(length=9, seed=2, padded=False)[0]
+
+    def run():
+        model.zero_grad()
+        output = model(input_ids=input_ids, attention_mask=mask, labels=labels)
+        output.loss.backward()
+        return output, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    (fast, fast_grads), (dense, dense_grads) = both_ways(monkeypatch, run)
+    torch.testing.assert_close(fast.logits, dense.logits, atol=ATOL, rtol=0)
+    torch.testing.assert_close(fast.loss, dense.loss, atol=ATOL, rtol=0)
+    for side in ("encoder", "decoder"):
+        assert torch.equal(getattr(fast, f"{side}_n_updates"), getattr(dense, f"{side}_n_updates"))
+    assert fast_grads.keys() == dense_grads.keys()
+    for name, grad in fast_grads.items():
+        torch.testing.assert_close(grad, dense_grads[name], atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_folded_keys_and_values_equal_the_projected_ones():
+    model = mixed_halting(UniversalTransformerModel(config(step_signal="sinusoid")))
+    layer = model.encoder.layer
+    generator = torch.Generator().manual_seed(3)
+    base = torch.randn(2, 5, 32, generator=generator)
+    signal = torch.randn(32, generator=generator)
+    halted = torch.rand(2, 5, generator=generator) < 0.6
+    frozen = modeling.FrozenKeyValues(layer.self_attn, layer.self_attn_layer_norm, base)
+    key, value = frozen(base, signal, base + signal, halted)
+    normed = layer.self_attn_layer_norm(base + signal)
+    for computed, projection in ((key, layer.self_attn.k_proj), (value, layer.self_attn.v_proj)):
+        torch.testing.assert_close(computed[halted], projection(normed)[halted], atol=1e-5, rtol=0)
+
+
+def test_adapters_on_the_projections_fall_back_to_projecting_every_position(monkeypatch):
+    pytest.importorskip("peft")
+    model = add_lora(mixed_halting(UniversalTransformerForSeq2SeqLM(config())), r=2)
+    with torch.no_grad():  # nonzero adapters, so that ignoring them would show
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    layer = model.base_model.model.encoder.layer
+    assert layer.self_attn.key_value_weights(layer.self_attn_layer_norm) is None
+    input_ids, mask = inputs()
+    labels = inputs(length=9, seed=2, padded=False)[0]
+    with torch.no_grad():
+        fast, dense = both_ways(monkeypatch, lambda: model(input_ids=input_ids, attention_mask=mask, labels=labels))
+    torch.testing.assert_close(fast.logits, dense.logits, atol=ATOL, rtol=0)
