@@ -17,7 +17,6 @@ On a machine shared with other work, `--threads 1` gives steadier timings.
 """
 
 import copy
-import statistics
 
 import torch
 
