@@ -29,7 +29,7 @@ def _numpy_dtype_classes():
     return [getattr(dtypes, name) for name in dir(dtypes) if name.endswith("DType")]
 
 
-def allowed_globals():
+def allowed_globals() -> list:
     """The allowlist: argparse.Namespace, torch.device, _codecs.encode, numpy scalars and dtypes (both module paths)."""
     scalar = _numpy_scalar()
     return [
@@ -43,7 +43,7 @@ def allowed_globals():
     ]
 
 
-def safe_torch_load(path, what="checkpoint", extra_globals=()):
+def safe_torch_load(path: str | Path, what: str = "checkpoint", extra_globals: tuple = ()) -> object:
     """Load a torch checkpoint without executing code; one clear `HfExtError` line for anything that is not one.
 
     `extra_globals` extends the allowlist for one load, e.g. with `(stand_in, "original.module.Name")` pairs that
@@ -88,7 +88,7 @@ def safe_torch_load(path, what="checkpoint", extra_globals=()):
                          f"{_first_line(str(error))})") from None
 
 
-def load_state_dict(path, what="state dict"):
+def load_state_dict(path: str | Path, what: str = "state dict") -> dict[str, torch.Tensor]:
     """A `{name: tensor}` checkpoint, checked to be one."""
     state = safe_torch_load(path, what)
     if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -144,7 +144,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError("a persistent id (not a plain pickle)")
 
 
-def restricted_pickle_load(path, allowed, what="pickle"):
+def restricted_pickle_load(path: str | Path, allowed: dict, what: str = "pickle") -> object:
     """Unpickle `path` importing only the globals in `allowed` (pairs of module and name); anything else, a truncated
     file or a non-pickle becomes one `HfExtError` line. Nothing a refused pickle asks for is executed."""
     path = Path(path)
@@ -172,6 +172,6 @@ def restricted_pickle_load(path, allowed, what="pickle"):
         raise HfExtError(f"{what} {path} is corrupt ({type(error).__name__}: {_first_line(str(error))})") from None
 
 
-def load_numpy_pickle(path, what="pickle"):
+def load_numpy_pickle(path: str | Path, what: str = "pickle") -> object:
     """A pickle of plain data and numeric numpy arrays (e.g. PaddlePaddle's .pdparams), loaded without running code."""
     return restricted_pickle_load(path, NUMPY_ARRAY_GLOBALS, what)

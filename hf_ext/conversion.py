@@ -1,6 +1,7 @@
 """What every converter shares. Each model's `conversion` module offers `add_arguments(parser)` and `run(args)`
 for `hf-ext convert <model>` and the matching script in the top-level `conversion/` folder."""
 
+import argparse
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +11,7 @@ import torch
 from .errors import HfExtError, one_line
 
 
-def add_output_arguments(parser):
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every converter shares: the reference check, overwriting, and pushing to the Hub."""
     parser.add_argument("--reference", type=Path, help="reference.safetensors with outputs of the original code to "
                         "check the conversion against (errors go into the model card)")
@@ -61,7 +62,7 @@ def compare_with_reference(model: torch.nn.Module, reference: dict[str, torch.Te
     return errors
 
 
-def print_parity(parity):
+def print_parity(parity: dict[str, float]) -> None:
     """The parity errors a conversion measured, one per line on stdout."""
     for name, value in parity.items():
         print(f"{name}: max abs error {value:.3g}")

@@ -6,20 +6,20 @@ from pathlib import Path
 import torch
 from huggingface_hub.utils.sha import sha_fileobj
 from safetensors.torch import save_file
-from transformers import GenerationConfig
+from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 from transformers.dynamic_module_utils import custom_object_save
 from transformers.initialization import no_init_weights
 
 from .errors import HfExtError
 
 
-def empty_model(model_class, config):
+def empty_model(model_class: type[PreTrainedModel], config: PretrainedConfig) -> PreTrainedModel:
     """The model's structure without allocating or initialising weights (used to check keys and shapes)."""
     with torch.device("meta"), no_init_weights():
         return model_class(config)
 
 
-def expected_tensors(model):
+def expected_tensors(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
     """`{name: shape}` of what a checkpoint of `model` holds (tied copies excluded)."""
     tied = set(getattr(model, "all_tied_weights_keys", {}) or {}) if model.config.tie_word_embeddings else set()
     return {name: tuple(t.shape) for name, t in model.state_dict().items() if name not in tied}
@@ -52,7 +52,9 @@ def _some(names, limit=4):
     return ", ".join(names[:limit]) + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
 
 
-def write_model_folder(folder, model_class, config, state_dict, auto_map=None, processor=None, source="checkpoint"):
+def write_model_folder(folder: str | Path, model_class: type[PreTrainedModel], config: PretrainedConfig,
+                       state_dict: dict[str, torch.Tensor], auto_map: dict[str, str] | None = None, processor=None,
+                       source: str = "checkpoint") -> PreTrainedModel:
     """Write config.json (with `auto_map`), the model code, generation_config.json, model.safetensors and the
     processor into `folder`. `state_dict` is checked against the model built from `config` first. With
     `auto_map=None` (a class transformers itself provides) no code is copied and no auto_map written."""
@@ -77,13 +79,13 @@ def write_model_folder(folder, model_class, config, state_dict, auto_map=None, p
     return model
 
 
-def sha256(path):
+def sha256(path: str | Path) -> str:
     """Hex SHA-256 of a file, read in chunks (checkpoints can be large)."""
     with open(path, "rb") as handle:
         return sha_fileobj(handle).hex()
 
 
-def file_record(path, name=None):
+def file_record(path: Path, name: str | None = None) -> dict:
     """A provenance row for a model card: the file's name (`name`, or its own), size and sha256."""
     path = Path(path)
     return {"name": name or path.name, "bytes": path.stat().st_size, "sha256": sha256(path)}
@@ -92,7 +94,7 @@ def file_record(path, name=None):
 MAX_JSON_BYTES = 64 << 20  # far above any config; a larger "config" is something else
 
 
-def read_json(path: str | Path, what: str):
+def read_json(path: str | Path, what: str) -> object:
     """A JSON document; one `HfExtError` line for a missing, special (a FIFO would block, /dev/zero never ends),
     oversized or malformed file."""
     path = Path(path)

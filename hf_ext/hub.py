@@ -4,6 +4,7 @@ folder into a local Hub cache so that `from_pretrained("org/name")` resolves off
 import hashlib
 import shutil
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
@@ -33,13 +34,14 @@ def write_model_card(folder: str | Path, template_name: str, card_data: ModelCar
     return card
 
 
-def card_data(**kwargs):
+def card_data(**kwargs) -> ModelCardData:
     """`ModelCardData` with the package's defaults (library transformers, tag hf-ext)."""
     tags = ["hf-ext", *kwargs.pop("tags", [])]
     return ModelCardData(library_name="transformers", tags=tags, **kwargs)
 
 
-def push_folder(folder, repo_id, token=None, private=False, revision=None, commit_message=None, endpoint=None):
+def push_folder(folder: str | Path, repo_id: str, token: str | None = None, private: bool = False,
+                revision: str | None = None, commit_message: str | None = None, endpoint: str | None = None) -> str:
     """Create `repo_id` if needed and upload `folder` as a single commit; returns the commit URL."""
     folder = Path(folder)
     if not folder.is_dir() or not (folder / "config.json").is_file():
@@ -60,7 +62,7 @@ def push_folder(folder, repo_id, token=None, private=False, revision=None, commi
     return url
 
 
-def install_into_hub_cache(folder, repo_id, hub_cache):
+def install_into_hub_cache(folder: str | Path, repo_id: str, hub_cache: str | Path) -> Path:
     """Lay `folder` out as the cached snapshot of `repo_id` (refs/main -> a 40-hex commit), as a download would."""
     commit = hashlib.sha1(repo_id.encode()).hexdigest()
     repo_dir = Path(hub_cache) / ("models--" + repo_id.replace("/", "--"))
@@ -85,7 +87,7 @@ def install_into_hub_cache(folder, repo_id, hub_cache):
 
 
 @contextmanager
-def hub_offline():
+def hub_offline() -> Iterator[None]:
     """No request to the Hub inside this block, whatever the environment: what `HF_HUB_OFFLINE=1` does, for work that
     only reads local files. huggingface_hub (and transformers through it) reads `constants.HF_HUB_OFFLINE` at each
     call; `datasets`, when already imported, keeps its own copy. Without it, loading from a local Hub cache still

@@ -11,13 +11,13 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 BERT_SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def bundled_sentences():
+def bundled_sentences() -> list[str]:
     """The sentences shipped with the package (simple captions, written for this project)."""
     text = resources.files("hf_ext").joinpath("data/sentences.txt").read_text(encoding="utf-8")
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
-def train_bert_vocab(sentences, folder, vocab_size=200, lowercase=True):
+def train_bert_vocab(sentences: list[str], folder: str | Path, vocab_size: int = 200, lowercase: bool = True) -> Path:
     """A WordPiece `vocab.txt` as BERT ships it (pad id 0, as the original Optimus assumes): the special tokens, every
     character of the sentences alone and as a `##` continuation (so that any word of them can be spelled), then
     their most frequent words whole, up to `vocab_size` entries. Built in Python rather than with the `tokenizers`
@@ -39,13 +39,14 @@ def train_bert_vocab(sentences, folder, vocab_size=200, lowercase=True):
     return path
 
 
-def train_gpt2_bpe(sentences, folder, vocab_size=300):
+def train_gpt2_bpe(sentences: list[str], folder: str | Path, vocab_size: int = 300) -> int:
     """Byte-level BPE `vocab.json` + `merges.txt` in GPT-2's layout, with `<|endoftext|>` as its last base token."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.train_from_iterator(sentences, trainers.BpeTrainer(
-        vocab_size=vocab_size, show_progress=False, special_tokens=[], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        vocab_size=vocab_size, show_progress=False, special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tokenizer.add_special_tokens(["<|endoftext|>"])
     Path(folder).mkdir(parents=True, exist_ok=True)
     tokenizer.model.save(str(folder))

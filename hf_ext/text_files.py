@@ -2,12 +2,13 @@
 `HfExtError` line for a file that is missing, not UTF-8 or not JSON where JSON is expected."""
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import HfExtError
 
 
-def read_lines(path, what):
+def read_lines(path: str | Path, what: str) -> list[str]:
     """The lines of the UTF-8 text file at `path` (`what` names it in errors). utf-8-sig drops a byte-order mark (the
     GLUE MRPC files start with one); only newlines end a line, since texts hold other characters that
     `str.splitlines` would split on."""
@@ -20,7 +21,7 @@ def read_lines(path, what):
         raise HfExtError(f"{what} {path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
 
 
-def json_lines(path, what):
+def json_lines(path: str | Path, what: str) -> Iterator[tuple[str, object]]:
     """`(where, value)` for every non-blank line of the JSON-lines file at `path`; `where` ("PATH, line N") is for
     the caller's own errors about the value."""
     for number, line in enumerate(read_lines(path, what), 1):

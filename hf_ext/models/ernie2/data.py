@@ -311,7 +311,8 @@ class Ernie2DataBuilder:
         tokenizer: a BERT/ERNIE tokenizer (fast, as every transformers 5 tokenizer); documents are split into words
             with its pre-tokenizer (`word_splitter`), so word boundaries and punctuation match its own.
         max_length (`int`, defaults to 128): tokens per example, [CLS] and [SEP] included.
-        max_reorder_segments (`int`, defaults to 3): m of sentence reordering (the model's `config.max_reorder_segments`).
+        max_reorder_segments (`int`, defaults to 3): m of sentence reordering (the model's
+            `config.max_reorder_segments`).
         span_finder (`SpanFinder`, *optional*): masking units; spans given with the documents and the heuristics when
             unset (give a `SpanFinder` with `split_words=word_splitter(tokenizer)` for lexicons).
         mask_probability (`float`, defaults to 0.15): share of each window's tokens that knowledge masking predicts.
@@ -542,7 +543,8 @@ class Ernie2DataBuilder:
         pairs = pairs or {}
         unknown = sorted(set(tasks) - set(PRETRAINING_TASKS))
         if unknown:
-            raise HfExtError(f"unknown pre-training task(s) {', '.join(unknown)} (known: {', '.join(PRETRAINING_TASKS)})")
+            raise HfExtError(f"unknown pre-training task(s) {', '.join(unknown)} "
+                             f"(known: {', '.join(PRETRAINING_TASKS)})")
         built = {}
         for task in tasks:
             if task in PAIR_TASKS:

@@ -97,7 +97,7 @@ class MTDNNLinearHead(nn.Module):
         self.dense = nn.Linear(hidden_size, hidden_size)
         self.out_proj = nn.Linear(hidden_size, num_labels)
 
-    def forward(self, sequence_output):
+    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
         return self.out_proj(self.dense(self.dropout(sequence_output[:, 0])))
 
 
@@ -116,7 +116,8 @@ class MTDNNSANHead(nn.Module):
         self.rnn = RNN_CELLS[san["rnn_type"]](hidden_size, hidden_size)
         self.classifier = nn.Linear(hidden_size * (4 if self.merge_opt == 1 else 2), num_labels)
 
-    def forward(self, sequence_output, premise_mask, hypothesis_mask, output_states=False):
+    def forward(self, sequence_output: torch.Tensor, premise_mask: torch.Tensor, hypothesis_mask: torch.Tensor,
+                output_states: bool = False) -> tuple[torch.Tensor, MTDNNSANStates | None]:
         x, p, training = sequence_output, self.dropout, self.training
         memory = variational_dropout(x, p, training)
         scores = self.hypothesis_attn(memory).squeeze(-1).masked_fill(hypothesis_mask, -math.inf)

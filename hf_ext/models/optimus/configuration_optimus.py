@@ -98,7 +98,8 @@ class OptimusConfig(PretrainedConfig):
         if self.dim_target_kl < 0:
             raise ValueError(f"dim_target_kl must be >= 0, got {self.dim_target_kl!r}")
         if self.classifier_feature not in CLASSIFIER_FEATURES:
-            raise ValueError(f"classifier_feature must be one of {CLASSIFIER_FEATURES}, got {self.classifier_feature!r}")
+            raise ValueError(f"classifier_feature must be one of {CLASSIFIER_FEATURES}, "
+                             f"got {self.classifier_feature!r}")
         _check_sizes(self.encoder, "encoder", ENCODER_SIZES, "hidden_size", "num_attention_heads", "layer_norm_eps")
         _check_sizes(self.decoder, "decoder", DECODER_SIZES, "n_embd", "n_head", "layer_norm_epsilon")
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):

@@ -481,7 +481,8 @@ def convert_optimus_checkpoint(src=None, out=None, *, encoder_dir=None, decoder_
 
 
 # the original's --*_model_name_or_path defaults, by their current Hub ids
-LEGACY_HUB_IDS = {"bert-base-cased": "google-bert/bert-base-cased", "bert-base-uncased": "google-bert/bert-base-uncased",
+LEGACY_HUB_IDS = {"bert-base-cased": "google-bert/bert-base-cased",
+                  "bert-base-uncased": "google-bert/bert-base-uncased",
                   "bert-large-cased": "google-bert/bert-large-cased", "gpt2": "openai-community/gpt2",
                   "gpt2-medium": "openai-community/gpt2-medium", "gpt2-large": "openai-community/gpt2-large"}
 

@@ -112,8 +112,8 @@ def _halting_map(args):
     from transformers import AutoModel, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, AutoTokenizer
 
     from ...errors import HfExtError, load_config, loading
-    from . import UniversalTransformerConfig
     from ...plots import require_matplotlib
+    from . import UniversalTransformerConfig
     from .training import halting_map, plot_halting_map
 
     out = Path(args.out)

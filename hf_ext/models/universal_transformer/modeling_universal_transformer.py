@@ -180,7 +180,7 @@ class UniversalTransformerLayerNorm(nn.Module):
         self.eps = eps
         self.unbiased_std = unbiased_std
 
-    def forward(self, hidden):
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.unbiased_std:
             mean = hidden.mean(-1, keepdim=True)
             return self.weight * (hidden - mean) / (hidden.std(-1, keepdim=True) + self.eps) + self.bias
@@ -242,14 +242,21 @@ class UniversalTransformerAttention(nn.Module):
                 for projection in (self.k_proj, self.v_proj)]
 
     def forward(self, queries: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                attention_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                attention_bias: torch.Tensor | None = None, valid: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The attention output `[batch, queries, hidden]` and the weights `[batch, heads, queries, keys]` (None
-        from attention functions that do not compute them, such as SDPA)."""
+        from attention functions that do not compute them, such as SDPA). With `valid` (`[batch, slots]`), the
+        queries come packed (`[valid.sum(), hidden]`, row by row) and so does the output: they are projected packed
+        and laid out in `slots` rows per batch row only for the attention itself."""
+        projected = self.q_proj(queries)
+        if valid is not None:
+            projected = projected.new_zeros(*valid.shape, projected.shape[-1]).index_put((valid,), projected)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-        output, weights = attention(self, self._heads(self.q_proj(queries), self.key_head_dim), key, value,
-                                    attention_bias, scaling=self.scaling,
+        output, weights = attention(self, self._heads(projected, self.key_head_dim), key, value, attention_bias,
+                                    scaling=self.scaling,
                                     dropout=self.config.attention_dropout if self.training else 0.0)
-        return self.o_proj(output.reshape(*queries.shape[:2], -1)), weights
+        output = output.reshape(*projected.shape[:2], -1)
+        return self.o_proj(output if valid is None else output[valid]), weights
 
 
 def padded_conv(conv, hidden, causal):
@@ -275,7 +282,7 @@ class UniversalTransformerDenseTransition(nn.Module):
         self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
         self.dropout = nn.Dropout(config.relu_dropout)
 
-    def forward(self, hidden, nonpadding=None):
+    def forward(self, hidden: torch.Tensor, nonpadding: torch.Tensor | None = None) -> torch.Tensor:
         return self.fc2(self.dropout(F.relu(self.fc1(hidden))))
 
 
@@ -295,7 +302,7 @@ class UniversalTransformerSepConvTransition(nn.Module):
         self.pointwise2 = nn.Linear(inner, hidden)
         self.dropout = nn.Dropout(config.relu_dropout)
 
-    def forward(self, hidden, nonpadding=None):
+    def forward(self, hidden: torch.Tensor, nonpadding: torch.Tensor | None = None) -> torch.Tensor:
         hidden = padded_conv(self.depthwise1, zero_padding(hidden, nonpadding), self.causal)
         hidden = self.dropout(F.relu(self.pointwise1(hidden)))
         return self.pointwise2(padded_conv(self.depthwise2, zero_padding(hidden, nonpadding), self.causal))
@@ -314,7 +321,7 @@ class UniversalTransformerConvTransition(nn.Module):
         self.conv2 = nn.Conv1d(config.intermediate_size, config.hidden_size, 3)
         self.dropout = nn.Dropout(config.relu_dropout)
 
-    def forward(self, hidden, nonpadding=None):
+    def forward(self, hidden: torch.Tensor, nonpadding: torch.Tensor | None = None) -> torch.Tensor:
         hidden = self.dropout(F.relu(padded_conv(self.conv1, zero_padding(hidden, nonpadding), self.causal)))
         return self.dropout(F.relu(padded_conv(self.conv2, zero_padding(hidden, nonpadding), self.causal)))
 
@@ -385,8 +392,12 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
         self.transition = TRANSITION_CLASSES[config.transition](config, causal=is_decoder)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, states, self_attention_bias=None, running=None, nonpadding=None, cross_key_value=None,
-                cross_attention_bias=None, frozen_key_value=None, passthrough=None):
+    def forward(self, states: torch.Tensor, self_attention_bias: torch.Tensor | None = None,
+                running: torch.Tensor | None = None, nonpadding: torch.Tensor | None = None,
+                cross_key_value: tuple[torch.Tensor, torch.Tensor] | None = None,
+                cross_attention_bias: torch.Tensor | None = None,
+                frozen_key_value: list[torch.Tensor] | None = None, passthrough: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Transform `[batch, length, hidden]` step inputs. With a `running` mask only those positions are
         transformed; every position is still read as key and value, and the others come back as `passthrough`
         (default: their step input); their keys and values may be given (`frozen_key_value`, `[batch, length,
@@ -396,40 +407,38 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
         index = valid = None
         hidden, bias = states, self_attention_bias
         if running is not None:
+            # the running positions packed across the batch (`[running.sum(), hidden]`), so that batch rows with
+            # fewer running positions than the most cost nothing; laid out per batch row only for attention
             index, valid = running_positions(running)
-            hidden = gather_positions(states, index)
+            hidden = states[running]
             if bias is not None and bias.shape[2] > 1:  # per-query rows (causal): keep the running queries' rows
                 bias = bias.expand(states.shape[0], -1, -1, -1)
                 bias = bias.gather(2, index[:, None, :, None].expand(-1, 1, -1, bias.shape[-1]))
         queries = self.self_attn_layer_norm(hidden)
         if frozen_key_value is not None:
-            packed = queries[valid]  # the running positions' normed inputs, packed across the batch
             # in place: `FrozenKeyValues` makes these tensors anew for every step
             key, value = self.self_attn.split_heads(*(
-                frozen.index_put_((running,), projection(packed))
+                frozen.index_put_((running,), projection(queries))
                 for frozen, projection in zip(frozen_key_value, (self.self_attn.k_proj, self.self_attn.v_proj))))
         else:
             key, value = self.self_attn.project_key_value(
                 queries if index is None else self.self_attn_layer_norm(states))
-        attention_output, self_weights = self.self_attn(queries, key, value, bias)
+        attention_output, self_weights = self.self_attn(queries, key, value, bias, valid)
         hidden = hidden + self.dropout(attention_output)
         cross_weights = None
         if cross_key_value is not None:
             attention_output, cross_weights = self.cross_attn(self.cross_attn_layer_norm(hidden), *cross_key_value,
-                                                              cross_attention_bias)
+                                                              cross_attention_bias, valid)
             hidden = hidden + self.dropout(attention_output)
         if index is not None:
             self_weights, cross_weights = (
                 None if weights is None else scatter_query_rows(weights, index, valid, states.shape[1])
                 for weights in (self_weights, cross_weights))
             if self.transition.position_wise:
-                # the running positions packed across the batch, so that rows padded to the longest row's count of
-                # running positions cost nothing
-                hidden = hidden[valid]
                 hidden = hidden + self.dropout(self.transition(self.transition_layer_norm(hidden)))
                 return passthrough.index_put((running,), hidden), self_weights, cross_weights
             # a convolution reads neighbours: positions not transformed pass their step input through unchanged
-            hidden = scatter_positions(states, index, valid, hidden)
+            hidden = states.index_put((running,), hidden)
         hidden = hidden + self.dropout(self.transition(self.transition_layer_norm(hidden), nonpadding))
         if running is not None:
             hidden = torch.where(running.unsqueeze(-1), hidden, passthrough)
