@@ -539,7 +539,7 @@ def test_the_table_covers_at_least_sixty_cases():
 # ----- signals, concurrent runs, modes -----------------------------------------------------------------------------
 
 SLOW_WRITER = """
-import argparse, sys, time
+import argparse, signal, sys, time
 from transformers.utils import logging
 from hf_ext.cli import execute
 from hf_ext.output import atomic_output_dir
@@ -551,6 +551,8 @@ def write_slowly(args):
         print("ready", flush=True)
         time.sleep(120)
 
+# Ctrl-C as in a foreground shell: a job started in the background inherits SIGINT ignored (CI runners may do that)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.exit(execute(argparse.Namespace(handler=write_slowly, out=sys.argv[1], command="convert"), "hf-ext"))
 """
 
