@@ -44,6 +44,22 @@ def build_parser(prog="hf-ext"):
     push.add_argument("--commit-message", help="commit message")
     push.add_argument("--token", help="Hub token (default: the logged-in one)")
     push.set_defaults(handler=_run_push)
+    export = commands.add_parser("export", help="export a model folder for other runtimes",
+                                 description="Export a model folder for other runtimes.")
+    formats = export.add_subparsers(dest="format", required=True, metavar="FORMAT")
+    onnx = formats.add_parser(
+        "onnx", help="ONNX graphs checked on ONNX Runtime (needs: pip install 'hf-ext[onnx]')",
+        description="Export MODEL (a folder or Hub repo id of an Optimus, Universal Transformer, MT-DNN or ERNIE "
+        "model) to ONNX graphs in the new folder OUT, each checked on ONNX Runtime against PyTorch at two shapes "
+        "(max abs error at most 1e-4), with the checks in OUT/onnx_export.json and OUT/README.md. Needs the onnx "
+        "extra: pip install 'hf-ext[onnx]'.")
+    add_model_argument(onnx, "model folder or Hub repo id")
+    onnx.add_argument("out", help="output folder (written atomically)")
+    onnx.add_argument("--task", help="what to export (default: the folder's own head; see docs/export.md)")
+    onnx.add_argument("--quantize", choices=["int8"], help="also write <graph>_int8.onnx (dynamic int8 quantization "
+                      "of the weights) and measure its errors")
+    onnx.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    onnx.set_defaults(handler=_run_export_onnx)
 
     for name in MODELS:  # each model adds its converter and its own commands
         importlib.import_module(f"hf_ext.models.{name}.commands").register(commands, converters)
@@ -80,6 +96,21 @@ def _run_push(args):
 
     print(push_folder(args.dir, args.repo_id, token=args.token, private=args.private, revision=args.revision,
                       commit_message=args.commit_message))
+
+
+def _run_export_onnx(args):
+    from .onnx_export import export_onnx
+
+    report = export_onnx(args.model, args.out, task=args.task, quantize=args.quantize,
+                         trust_remote_code=args.trust_remote_code, overwrite=args.overwrite)
+    for graph in report["graphs"]:
+        line = (f"{graph['file']}: max abs error {max(c['max_abs_error'] for c in graph['checks']):.1e} against "
+                f"PyTorch over {len(graph['checks'])} shapes")
+        if "int8" in graph:
+            line += (f"; {graph['int8']['file']}: "
+                     f"{max(c['max_abs_error'] for c in graph['int8']['checks']):.1e}")
+        print(line)
+    print(f"wrote {args.out} (task {report['task']}, {report['seconds']} s)")
 
 
 def main(argv: list[str] | None = None, prog: str = "hf-ext") -> int:

@@ -241,6 +241,27 @@ class MTDNNModel(MTDNNPreTrainedModel):
             task = task[0]
         return self.config.task(task)
 
+    def head_logits(self, task: str | int, sequence_output: torch.Tensor, token_type_ids: torch.LongTensor,
+                    attention_mask: torch.LongTensor, premise_mask: torch.BoolTensor | None = None,
+                    hypothesis_mask: torch.BoolTensor | None = None, output_san_states: bool = False,
+                    ) -> tuple[torch.Tensor, MTDNNSANStates | None]:
+        """The logits of one task's head on the encoder's output (a SAN head derives its premise and hypothesis
+        masks from the segment ids and the attention mask when they are not given) and a SAN head's states."""
+        spec = self.config.task(task)
+        head = self.heads[spec["name"]]
+        if spec["head"] != "san":
+            return head(sequence_output), None
+        derived = premise_hypothesis_masks(token_type_ids, attention_mask)
+        premise_mask = derived[0] if premise_mask is None else premise_mask
+        hypothesis_mask = derived[1] if hypothesis_mask is None else hypothesis_mask
+        if not torch.compiler.is_exporting():  # a data-dependent check, which an exported graph cannot hold
+            empty = premise_mask.all(1) | hypothesis_mask.all(1)
+            if empty.any():
+                raise ValueError(f"task {spec['name']} (SAN head) reads sentence pairs, but row "
+                                 f"{empty.nonzero()[0].item()} has no premise or no hypothesis token (check "
+                                 "token_type_ids, attention_mask and the premise/hypothesis masks)")
+        return head(sequence_output, premise_mask, hypothesis_mask, output_states=output_san_states)
+
     @can_return_tuple
     def forward(
         self,
@@ -289,22 +310,8 @@ class MTDNNModel(MTDNNPreTrainedModel):
                                     output_hidden_states=(self.config.output_hidden_states
                                                           if output_hidden_states is None else output_hidden_states),
                                     **kwargs)
-        sequence_output = encoder_outputs.last_hidden_state
-        head = self.heads[spec["name"]]
-        san_states = None
-        if spec["head"] == "san":
-            derived = premise_hypothesis_masks(token_type_ids, attention_mask)
-            premise_mask = derived[0] if premise_mask is None else premise_mask
-            hypothesis_mask = derived[1] if hypothesis_mask is None else hypothesis_mask
-            empty = premise_mask.all(1) | hypothesis_mask.all(1)
-            if empty.any():
-                raise ValueError(f"task {spec['name']} (SAN head) reads sentence pairs, but row "
-                                 f"{empty.nonzero()[0].item()} has no premise or no hypothesis token (check "
-                                 "token_type_ids, attention_mask and the premise/hypothesis masks)")
-            logits, san_states = head(sequence_output, premise_mask, hypothesis_mask, output_states=output_san_states)
-        else:
-            logits = head(sequence_output)
-
+        logits, san_states = self.head_logits(spec["name"], encoder_outputs.last_hidden_state, token_type_ids,
+                                              attention_mask, premise_mask, hypothesis_mask, output_san_states)
         group_logits = None
         if spec["type"] == "ranking":
             group_size = group_size or spec["group_size"]

@@ -406,7 +406,8 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
         passthrough = states if passthrough is None else passthrough
         index = valid = None
         hidden, bias = states, self_attention_bias
-        if running is not None:
+        # packing has data-dependent shapes: an exported graph computes every position and keeps the halted ones
+        if running is not None and not torch.compiler.is_exporting():
             # the running positions packed across the batch (`[running.sum(), hidden]`), so that batch rows with
             # fewer running positions than the most cost nothing; laid out per batch row only for attention
             index, valid = running_positions(running)
@@ -439,6 +440,8 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
                 return passthrough.index_put((running,), hidden), self_weights, cross_weights
             # a convolution reads neighbours: positions not transformed pass their step input through unchanged
             hidden = states.index_put((running,), hidden)
+        elif running is not None:
+            hidden = torch.where(running.unsqueeze(-1), hidden, states)
         hidden = hidden + self.dropout(self.transition(self.transition_layer_norm(hidden), nonpadding))
         if running is not None:
             hidden = torch.where(running.unsqueeze(-1), hidden, passthrough)
@@ -565,10 +568,14 @@ class UniversalTransformerStack(nn.Module):
         remainders = torch.zeros_like(halting_probability)
         n_updates = torch.zeros_like(halting_probability)
         mixed = torch.zeros_like(state)
+        # An exported graph cannot hold the loop's data-dependent exit nor the packing of the running positions: it
+        # takes all `max_steps` steps with every position computed and the halted ones kept (`torch.where`), which
+        # gives the same outputs, since a step after every position halted changes nothing.
+        exporting = torch.compiler.is_exporting()
         frozen_key_values = FrozenKeyValues(self.layer.self_attn, self.layer.self_attn_layer_norm, state) \
-            if frozen else None
+            if frozen and not exporting else None
         for step in range(max_steps):
-            if not bool(((halting_probability < threshold) & (n_updates < max_steps)).any()):
+            if not exporting and not bool(((halting_probability < threshold) & (n_updates < max_steps)).any()):
                 break
             base = state + position
             step_input = base + steps[step]
@@ -582,11 +589,11 @@ class UniversalTransformerStack(nn.Module):
             halting_probability = halting_probability + new_halted * remainders
             n_updates = n_updates + still_running + new_halted
             update_weights = (p * still_running + new_halted * remainders).unsqueeze(-1).to(state.dtype)
-            if frozen and not bool(running.all()):
+            if frozen and (exporting or not bool(running.all())):
                 # halted positions are only read: their queries and transition are not computed, nor, when the
                 # projections are plain, their keys and values from scratch
                 key_value = frozen_key_values(base, steps[step], step_input, ~running) \
-                    if frozen_key_values.usable else None
+                    if frozen_key_values is not None and frozen_key_values.usable else None
                 state = transform(step_input, running, key_value, passthrough=state)
             else:
                 state = transform(step_input)
