@@ -2,11 +2,11 @@
 
 Each model package that can be exported has an `export_onnx` module declaring the model types it exports
 (`MODEL_TYPES`), the tasks a config offers (`tasks(config)`, the first being the default) and
-`plan(source, config, task, trust_remote_code)`, which loads the model and returns the graphs to write (`OnnxGraph`). This module does the rest, the same for every model:
-export with `torch.onnx.export` (the dynamo exporter), check every graph on ONNX Runtime against PyTorch at the
-export shape and at a second one (dynamic axes), quantize to int8 if asked (`onnxruntime.quantization`), and write
-the graphs, the config and tokenizer files, `onnx_export.json` (what was checked, with the errors) and a model card
-into an atomically written folder.
+`plan(source, config, task, trust_remote_code)`, which loads the model and returns the graphs to write (`OnnxGraph`).
+This module does the rest, the same for every model: export with `torch.onnx.export` (the dynamo exporter), check
+every graph on ONNX Runtime against PyTorch at the export shape and at a second one (dynamic axes), quantize to int8
+if asked (`onnxruntime.quantization`), and write the graphs, the config and tokenizer files, `onnx_export.json` (what
+was checked, with the errors) and a model card into an atomically written folder.
 """
 
 import contextlib
@@ -294,7 +294,8 @@ def quantize_int8(path: Path, quantized: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with _quiet_exporter():
-        quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+        quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8,
+                         op_types_to_quantize=["MatMul", "Gemm"])
 
 
 def copy_model_files(source: str, staging: Path, model: PreTrainedModel) -> None:

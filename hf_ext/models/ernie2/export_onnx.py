@@ -52,5 +52,6 @@ def plan(source: str, config: PretrainedConfig, task: str, trust_remote_code: bo
     return ExportPlan(model=model, task=task, notes=notes, graphs=[OnnxGraph(
         name="model", module=ErnieGraph(model, output_names), input_names=input_names, output_names=output_names,
         dynamic_axes=dict.fromkeys(input_names, TEXT_AXES), make_inputs=make_inputs,
-        export_dims={"batch": 2, "sequence": 16}, check_dims=[{"batch": 2, "sequence": 16}, {"batch": 3, "sequence": 9}],
+        export_dims={"batch": 2, "sequence": 16},
+        check_dims=[{"batch": 2, "sequence": 16}, {"batch": 3, "sequence": 9}],
         label_outputs=("logits",) if task == "sequence-classification" else ())])
