@@ -299,17 +299,21 @@ def quantize_int8(path: Path, quantized: Path) -> None:
 
 
 def copy_model_files(source: str, staging: Path, model: PreTrainedModel) -> None:
-    """The source's config, tokenizer or processor files and model code (everything but weights), so that the export
-    folder loads its tokenizer and config like the model folder did. A Hub id is read from the local cache."""
+    """The source's config, tokenizer or processor files (subfolders included, e.g. Optimus' decoder tokenizer) and
+    model code: everything but weights, so that the export folder loads its tokenizer and config like the model
+    folder did. A Hub id is read from the local cache."""
     folder = Path(source)
     if not folder.is_dir():
         from huggingface_hub import snapshot_download
 
         with loading("the model files", source):
             folder = Path(snapshot_download(source, allow_patterns=[f"*{suffix}" for suffix in COPIED_SUFFIXES]))
-    for file in sorted(folder.iterdir()):
-        if file.is_file() and file.suffix in COPIED_SUFFIXES and file.name not in NOT_COPIED:
-            shutil.copy2(file, staging / file.name)
+    for file in sorted(folder.rglob("*")):
+        relative = file.relative_to(folder)
+        if (file.is_file() and file.suffix in COPIED_SUFFIXES and file.name not in NOT_COPIED
+                and not any(part.startswith(".") for part in relative.parts)):
+            (staging / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(file, staging / relative)
     model.config.save_pretrained(staging)  # the config the graphs were exported from (options given at load time)
 
 

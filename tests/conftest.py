@@ -122,3 +122,19 @@ def cli_exit_code(argv: list) -> int:
         return main([str(argument) for argument in argv])
     except SystemExit as usage_error:
         return usage_error.code
+
+
+def require_extra(extra: str, *modules: str) -> None:
+    """At the top of a test module for an optional extra (`pip install 'hf-ext[EXTRA]'`): skip the module when one of
+    `modules` is missing, except under CI (CI=true), where `.ci/run` installs every extra and a missing one fails,
+    so that these tests cannot silently stop running."""
+    import importlib.util
+    import os
+
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if not missing:
+        return
+    message = f"needs the {extra} extra (missing {', '.join(missing)}): pip install 'hf-ext[{extra}]'"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI installs every extra, but this test {message}", pytrace=False)
+    pytest.skip(message, allow_module_level=True)
