@@ -149,9 +149,10 @@ class OptimusOnnx:
         return mean, logvar
 
     def generate(self, latent_z: np.ndarray, max_new_tokens: int = 32, do_sample: bool = False,
-                 temperature: float = 1.0, seed: int | None = None) -> np.ndarray:
+                 temperature: float = 1.0, seed: int | None = None, min_new_tokens: int = 0) -> np.ndarray:
         """Token ids `[batch, 1 + generated]` (BOS first) decoded from each latent row: greedy, or sampled from the
-        softmax at `temperature`; a row stops at EOS (later positions hold the pad id, or EOS without one)."""
+        softmax at `temperature`; a row stops at EOS (later positions hold the pad id, or EOS without one), which
+        is banned for the first `min_new_tokens` tokens, as `generate(min_new_tokens=...)` does."""
         if max_new_tokens > self.max_positions:
             raise HfExtError(f"max_new_tokens {max_new_tokens} exceeds the decoder's positions ({self.max_positions})")
         latent_z = np.asarray(latent_z, dtype=np.float32)
@@ -163,9 +164,11 @@ class OptimusOnnx:
         finished = np.zeros(batch, dtype=bool)
         filler = self.eos_token_id if self.pad_token_id is None else self.pad_token_id
         step_input = tokens
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
             logits, *present = self.decoder.run(None, {"input_ids": step_input, "latent_z": latent_z, **past})
             scores = logits[:, -1].astype(np.float64)
+            if step < min_new_tokens:
+                scores[:, self.eos_token_id] = -np.inf
             if do_sample:
                 scores = scores / temperature
                 probabilities = np.exp(scores - scores.max(-1, keepdims=True))
