@@ -76,7 +76,7 @@ class Ernie2PreTrainingConfig(ErnieConfig):
         super().__post_init__(**kwargs)
         self.validate_pretraining_tasks()
 
-    def validate_pretraining_tasks(self):
+    def validate_pretraining_tasks(self) -> None:
         """One `ValueError` line for settings the pre-training heads cannot run with."""
         validate_ernie_encoder(self)
         if not self.use_task_id:

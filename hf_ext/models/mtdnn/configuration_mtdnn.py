@@ -76,7 +76,7 @@ class MTDNNConfig(PretrainedConfig):
         super().__init__(**kwargs)
         self.validate_mtdnn()
 
-    def validate_mtdnn(self):
+    def validate_mtdnn(self) -> None:
         """Raise `ValueError` with one clear line for a configuration the model cannot run."""
         _check_encoder(self.encoder)
         names = [task["name"] for task in self.tasks]
