@@ -159,7 +159,7 @@ class UniversalTransformerConfig(PretrainedConfig):
         self.validate_universal_transformer()
 
     @property
-    def num_step_signals(self):
+    def num_step_signals(self) -> int:
         """How many steps the loop can take, so how many step embeddings there are."""
         return self.act_max_steps if self.use_act else self.num_steps
 
