@@ -34,7 +34,7 @@ import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -79,7 +79,7 @@ def _string_list(value, where, name):
     return [item.strip() for item in value if item.strip()]
 
 
-def documents_from_records(records: Iterable[dict[str, Any]], where: str = "documents") -> "Dataset":
+def documents_from_records(records: Iterable[object], where: str = "documents") -> "Dataset":
     """A documents `datasets.Dataset` (columns `paragraphs`, `entities`, `phrases`) from dicts with `paragraphs`
     (a list of paragraphs, each a list of sentences) and optional `entities` / `phrases` (span texts to mask whole)."""
     from datasets import Dataset

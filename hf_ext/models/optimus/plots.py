@@ -25,7 +25,7 @@ CURVE_KEYS = tuple(key for _, keys in CURVE_PANELS for key, _ in keys)
 
 
 def curves_from_log_history(log_history: Sequence[dict[str, float]], keys: Iterable[str] = CURVE_KEYS,
-                            ) -> dict[str, tuple[list[int], list[float]]]:
+                            ) -> dict[str, tuple[list[float], list[float]]]:
     """`{key: (steps, values)}` of the training logs that carry `key`."""
     return {key: ([entry["step"] for entry in log_history if key in entry],
                   [entry[key] for entry in log_history if key in entry]) for key in keys}
@@ -82,8 +82,8 @@ def project_to_plane(points: "ArrayLike", *others: "ArrayLike", first_axis: "Arr
     return projected, explained
 
 
-def plot_latent_space(means: "ArrayLike", texts: Sequence[str], path: str | Path,
-                      interpolation: "tuple[ArrayLike, list[tuple[float, str]]] | None" = None,
+def plot_latent_space(means: "np.ndarray", texts: Sequence[str], path: str | Path,
+                      interpolation: "tuple[np.ndarray, list[tuple[float, str]]] | None" = None,
                       labelled: Iterable[int] | None = None, log_history: list[dict[str, float]] | None = None,
                       title: str | None = None) -> Path:
     """Posterior means of `texts` ([n, latent_size]) on a plane, with the sentences of `labelled` (indices; default
