@@ -12,7 +12,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from types import ModuleType
+from typing import NoReturn
 
 from .errors import HfExtError, one_line
 from .models import MODELS
@@ -22,12 +24,12 @@ class Parser(argparse.ArgumentParser):
     """Usage errors as one `<program>: error: ...` line (exit 2) like every other failure, not a usage dump;
     subcommand parsers inherit the class."""
 
-    def error(self, message):
+    def error(self, message: str) -> NoReturn:
         program = self.prog.split()[0]  # "hf-ext convert optimus" -> "hf-ext"
         self.exit(2, f"{program}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser(prog="hf-ext"):
+def build_parser(prog: str = "hf-ext") -> Parser:
     parser = Parser(prog=prog, description="Research models as Hugging Face transformers models.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -140,7 +142,7 @@ def convert_main(conversion: ModuleType, argv: list[str] | None = None, prog: st
     return execute(parser.parse_args(_checked_argv(parser, argv)), parser.prog)
 
 
-def needs_the_hub(args) -> bool:
+def needs_the_hub(args: argparse.Namespace) -> bool:
     """Whether a command may reach the Hub: `push`, `--push-to-hub`, or a model argument that is no local path (a
     repo id). Every other command reads and writes local files only, so it runs with the Hub switched off."""
     if getattr(args, "command", None) == "push" or getattr(args, "push_to_hub", None):
@@ -159,7 +161,7 @@ def _raise_terminated(signum, frame):
 
 
 @contextlib.contextmanager
-def terminate_as_exception():
+def terminate_as_exception() -> Iterator[None]:
     """SIGTERM raises `Terminated` while a command runs (in the main thread only, where Python handles signals)."""
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -46,7 +46,8 @@ def register(commands: argparse._SubParsersAction, converters: argparse._SubPars
     parser.set_defaults(handler=_halting_map)
 
 
-def add_algorithmic_arguments(parser, train_length, test_length, max_steps):
+def add_algorithmic_arguments(parser: argparse.ArgumentParser, train_length: int, test_length: int,
+                              max_steps: int) -> None:
     """The data, model-size and optimisation options of an algorithmic-task run (also used by
     reproductions/ut_algorithmic.py, with its own defaults for the lengths and the step count)."""
     parser.add_argument("--train-length", type=positive_int, default=train_length,
