@@ -11,6 +11,7 @@
 PyTorch."""
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -185,8 +186,8 @@ class OptimusOnnx:
             step_input = next_tokens[:, None].astype(np.int64)
         return tokens
 
-    def decode(self, latent_z: np.ndarray, **generation_kwargs) -> list[str]:
+    def decode(self, latent_z: np.ndarray, **generation_kwargs: Any) -> list[str]:
         return self.processor.batch_decode(torch.from_numpy(self.generate(latent_z, **generation_kwargs)))
 
-    def reconstruct(self, texts: list[str], **generation_kwargs) -> list[str]:
+    def reconstruct(self, texts: list[str], **generation_kwargs: Any) -> list[str]:
         return self.decode(self.encode(texts)[0], **generation_kwargs)
