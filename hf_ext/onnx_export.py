@@ -22,6 +22,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,6 +32,9 @@ from transformers.utils import logging
 from .errors import HfExtError, load_config, loading
 from .models import MODELS
 from .output import atomic_output_dir, check_output_dir
+
+if TYPE_CHECKING:
+    import onnxruntime
 
 logger = logging.get_logger(__name__)
 
@@ -141,7 +145,7 @@ def export_onnx(source: str, out: str | Path, task: str | None = None, quantize:
                 trust_remote_code: bool = False, overwrite: bool = False) -> dict:
     """Export the model in `source` (a folder or Hub repo id) to ONNX graphs in the new folder `out`, check each on
     ONNX Runtime against PyTorch and return the report written to `out/onnx_export.json`. `task` picks what is
-    exported (see each model's `TASKS`); `quantize="int8"` also writes `<graph>_int8.onnx` (dynamic quantization of
+    exported (see each model's `tasks(config)`); `quantize="int8"` also writes `<graph>_int8.onnx` (dynamic quantization of
     the weights) with its measured errors. Nothing is left in `out` unless every graph passes its check."""
     require_onnx()
     if quantize is not None and quantize not in QUANTIZATIONS:
@@ -242,7 +246,7 @@ def export_failure(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
-def session(path: str | Path) -> "onnxruntime.InferenceSession":  # noqa: F821 - optional dependency
+def session(path: str | Path) -> "onnxruntime.InferenceSession":
     """An ONNX Runtime CPU session for one graph file."""
     import onnxruntime
 
@@ -250,7 +254,7 @@ def session(path: str | Path) -> "onnxruntime.InferenceSession":  # noqa: F821 -
         return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-def run_session(ort_session: "onnxruntime.InferenceSession", inputs: Inputs,  # noqa: F821
+def run_session(ort_session: "onnxruntime.InferenceSession", inputs: Inputs,
                 input_names: list[str]) -> list[np.ndarray]:
     """Run a session on the named inputs (torch tensors), returning numpy outputs in the graph's order."""
     graph_inputs = {node.name for node in ort_session.get_inputs()}
