@@ -146,7 +146,8 @@ def export_onnx(source: str, out: str | Path, task: str | None = None, quantize:
     """Export the model in `source` (a folder or Hub repo id) to ONNX graphs in the new folder `out`, check each on
     ONNX Runtime against PyTorch and return the report written to `out/onnx_export.json`. `task` picks what is
     exported (see each model's `tasks(config)`); `quantize="int8"` also writes `<graph>_int8.onnx` (dynamic
-    quantization of the weights) with its measured errors. Nothing is left in `out` unless every graph passes its check."""
+    quantization of the weights) with its measured errors. Nothing is left in `out` unless every graph passes its
+    check."""
     require_onnx()
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise HfExtError(f"unknown quantization {quantize!r} (choose from {', '.join(QUANTIZATIONS)})")
