@@ -1,4 +1,4 @@
-"""The `hf-ext` command: conversion, Hub publishing and each model's own tools.
+"""The `hf-ext` command: conversion, Hub publishing, the apps in the browser and each model's own tools.
 
 Every failure a user can cause (bad input, refused checkpoint, bad argument) ends with one `hf-ext: error: ...`
 line on stderr and a non-zero exit; set HF_EXT_DEBUG=1 for the traceback.
@@ -16,6 +16,7 @@ from types import ModuleType
 
 from .errors import HfExtError, one_line
 from .models import MODELS
+from .serve import add_serve_command
 
 
 class Parser(argparse.ArgumentParser):
@@ -44,6 +45,7 @@ def build_parser(prog="hf-ext"):
     push.add_argument("--commit-message", help="commit message")
     push.add_argument("--token", help="Hub token (default: the logged-in one)")
     push.set_defaults(handler=_run_push)
+    add_serve_command(commands)
 
     for name in MODELS:  # each model adds its converter and its own commands
         importlib.import_module(f"hf_ext.models.{name}.commands").register(commands, converters)

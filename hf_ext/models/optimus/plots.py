@@ -75,8 +75,14 @@ def project_to_plane(points, *others, first_axis=None):
 
 
 def plot_latent_space(means, texts, path, interpolation=None, labelled=None, log_history=None, title=None):
-    """Posterior means of `texts` ([n, latent_size]) on a plane, with the sentences of `labelled` (indices; default
-    all) written beside their points, and optionally:
+    """PNG (or any matplotlib format, from `path`'s suffix) of `latent_space_figure`."""
+    latent_space_figure(means, texts, interpolation, labelled, log_history, title).savefig(Path(path), dpi=100)
+    return Path(path)
+
+
+def latent_space_figure(means, texts, interpolation=None, labelled=None, log_history=None, title=None):
+    """A figure of the posterior means of `texts` ([n, latent_size]) on a plane, with the sentences of `labelled`
+    (indices; default all) written beside their points, and optionally:
 
     - `interpolation`: `(latents, [(t, decoded text)])`; the plane then runs along the interpolation (its first axis
       is the line from the first latent to the last, its second the principal axis of the means orthogonal to it),
@@ -128,8 +134,7 @@ def plot_latent_space(means, texts, path, interpolation=None, labelled=None, log
     axis.grid(alpha=0.3)
     if title:
         figure.suptitle(title)
-    figure.savefig(Path(path), dpi=100)
-    return Path(path)
+    return figure
 
 
 def plot_interpolation_table(rows, path, title="Latent interpolation"):
@@ -153,5 +158,5 @@ def plot_interpolation_table(rows, path, title="Latent interpolation"):
     return Path(path)
 
 
-__all__ = ["curves_from_log_history", "plot_interpolation_table", "plot_latent_space", "plot_training_curves",
-           "project_to_plane", "require_matplotlib"]
+__all__ = ["curves_from_log_history", "latent_space_figure", "plot_interpolation_table", "plot_latent_space",
+           "plot_training_curves", "project_to_plane", "require_matplotlib"]
