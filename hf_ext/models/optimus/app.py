@@ -127,7 +127,7 @@ def build_app(source: str, trust_remote_code: bool | None = None) -> gr.Blocks:
             with gr.Row():
                 steps = gr.Slider(2, MAX_STEPS, value=5, step=1, label="steps")
                 interpolate_button = gr.Button("Interpolate", variant="primary")
-            path = gr.Dataframe(headers=["t", "sentence"], label="path", interactive=False)
+            path = gr.Dataframe(headers=["t", "sentence"], label="path", interactive=False, elem_id="path")
             t = gr.Slider(0, 1, value=0.5, step=0.05, label="t", elem_id="t")
             at_t = gr.Textbox(label="decoded at t", elem_id="at_t", interactive=False)
         with gr.Tab("Reconstruct"):
@@ -148,7 +148,7 @@ def build_app(source: str, trust_remote_code: bool | None = None) -> gr.Blocks:
                                         label="temperature (z = temperature x N(0, I))")
             sample_button = gr.Button("Sample", variant="primary")
             samples = gr.JSON(label="sentences")
-        latent_map = gr.Plot(label="latent space", format="png")
+        latent_map = gr.Plot(label="latent space", format="png", elem_id="latent_map")
 
         draw, remember = user_errors(app.latent_map), app.remember
         interpolate_button.click(user_errors(app.interpolate), [start, end, steps, *decoding_options], path,

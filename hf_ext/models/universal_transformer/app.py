@@ -61,9 +61,9 @@ def build_app(source: str, trust_remote_code: bool | None = None) -> gr.Blocks:
                                        visible=kind == "seq2seq")
         run = gr.Button("Halting map", variant="primary")
         output = gr.Textbox(label="output (greedy)", elem_id="output", interactive=False, visible=kind == "seq2seq")
-        heatmap = gr.Plot(label="halting map", format="png")
+        heatmap = gr.Plot(label="halting map", format="png", elem_id="heatmap")
         table = gr.Dataframe(headers=["side", "position", "token", "ponder time"], label="ponder time per position",
-                             interactive=False)
+                             interactive=False, elem_id="ponder_time")
         with gr.Accordion("values (as the API returns them)", open=False):
             rows = gr.JSON(label="rows")
         run.click(user_errors(app.halting_map), [text, max_new_tokens], [output, rows], api_name="halting_map").success(
