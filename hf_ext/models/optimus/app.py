@@ -93,8 +93,7 @@ class OptimusApp:
             latents = self.space.model.interpolate(ends[0], ends[1], steps)
             texts = self.space.decode(latents)
             interpolation = (latents.numpy(), list(zip(torch.linspace(0, 1, steps).tolist(), texts)))
-        figure = latent_space_figure(means.numpy(), sentences, interpolation=interpolation,
-                                     title="Posterior means of the sentences entered")
+        figure = latent_space_figure(means.numpy(), sentences, interpolation=interpolation)
         figure.set_size_inches(9, 7 if interpolation else 6)
         return figure
 
