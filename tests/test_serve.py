@@ -124,15 +124,20 @@ def test_the_app_reaches_nothing_but_its_own_address(mtdnn_app_folder, local_net
 
 
 @pytest.mark.slow
-def test_the_command_serves_until_ctrl_c(mtdnn_app_folder):
+def test_the_command_serves_a_hub_id_offline_until_ctrl_c(mtdnn_app_folder, tmp_path):
+    from hf_ext.hub import install_into_hub_cache
+
+    install_into_hub_cache(mtdnn_app_folder, "some-org/mtdnn-tiny", tmp_path / "home" / "hub")
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "hf_ext.cli", "serve", str(mtdnn_app_folder), "--port",
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_"))}
+    env.update(PYTHONPATH=str(REPO_ROOT), HF_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1",
+               HF_ENDPOINT="http://127.0.0.1:9", OMP_NUM_THREADS="1")  # nothing listens at the endpoint
+    server = subprocess.Popen([sys.executable, "-m", "hf_ext.cli", "serve", "some-org/mtdnn-tiny", "--port",
                                str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         first_line = server.stdout.readline()
         url = f"http://127.0.0.1:{port}/"
-        assert first_line.startswith(f"hf-ext serve: {mtdnn_app_folder} on {url} "), server.stderr.read()
+        assert first_line.startswith(f"hf-ext serve: some-org/mtdnn-tiny on {url} "), server.stderr.read()
         predictions = local_client(url).predict("a man .", "a woman .", api_name="/predict")
         assert set(predictions) == {"sst", "nli", "sts"}
         server.send_signal(signal.SIGINT)
