@@ -123,10 +123,24 @@ def test_the_app_reaches_nothing_but_its_own_address(mtdnn_app_folder, local_net
     assert local_network_only == []
 
 
+def test_a_port_in_use_is_one_line(mtdnn_app_folder):
+    import socket
+
+    require_for_ci("gradio")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        app = serve.build_app(str(mtdnn_app_folder))
+        with pytest.raises(HfExtError, match=f"^cannot listen on 127.0.0.1:{port}: "):
+            serve.launch(app, "127.0.0.1", port)
+
+
 @pytest.mark.slow
 def test_the_command_serves_a_hub_id_offline_until_ctrl_c(mtdnn_app_folder, tmp_path):
     from hf_ext.hub import install_into_hub_cache
 
+    require_for_ci("gradio")
     install_into_hub_cache(mtdnn_app_folder, "some-org/mtdnn-tiny", tmp_path / "home" / "hub")
     port = free_port()
     env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_"))}
