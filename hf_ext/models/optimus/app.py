@@ -8,6 +8,7 @@ imported by the package."""
 import gradio as gr
 import torch
 
+from ...errors import HfExtError
 from ...serve import MAX_TEXT_CHARS, checked_float, checked_int, checked_text, user_errors
 from .commands import load_optimus
 from .latent_space import OptimusLatentSpace
@@ -26,7 +27,7 @@ REMEMBERED = 48  # the latent map shows the latest sentences entered, at most th
 def generation_options(decoding: str, num_beams: float, top_p: float, seed: float) -> dict:
     """`generate()` settings of the page's decoding options; seeds torch's generator, which sampling draws from."""
     if decoding not in DECODINGS:
-        raise gr.Error(f"decoding must be one of {', '.join(DECODINGS)}, got {decoding!r}")
+        raise HfExtError(f"decoding must be one of {', '.join(DECODINGS)}, got {decoding!r}")
     num_beams = checked_int(num_beams, "beams", 1, MAX_BEAMS)
     top_p = checked_float(top_p, "top-p", 0.01, 1.0)
     torch.manual_seed(checked_int(seed, "seed", 0, 2**31 - 1))
