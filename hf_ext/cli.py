@@ -12,7 +12,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from types import ModuleType
+from typing import NoReturn
 
 from .errors import HfExtError, one_line
 from .models import MODELS
@@ -23,12 +25,12 @@ class Parser(argparse.ArgumentParser):
     """Usage errors as one `<program>: error: ...` line (exit 2) like every other failure, not a usage dump;
     subcommand parsers inherit the class."""
 
-    def error(self, message):
+    def error(self, message: str) -> NoReturn:
         program = self.prog.split()[0]  # "hf-ext convert optimus" -> "hf-ext"
         self.exit(2, f"{program}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser(prog="hf-ext"):
+def build_parser(prog: str = "hf-ext") -> Parser:
     parser = Parser(prog=prog, description="Research models as Hugging Face transformers models.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -45,6 +47,22 @@ def build_parser(prog="hf-ext"):
     push.add_argument("--commit-message", help="commit message")
     push.add_argument("--token", help="Hub token (default: the logged-in one)")
     push.set_defaults(handler=_run_push)
+    export = commands.add_parser("export", help="export a model folder for other runtimes",
+                                 description="Export a model folder for other runtimes.")
+    formats = export.add_subparsers(dest="format", required=True, metavar="FORMAT")
+    onnx = formats.add_parser(
+        "onnx", help="ONNX graphs checked on ONNX Runtime (needs: pip install 'hf-ext[onnx]')",
+        description="Export MODEL (a folder or Hub repo id of an Optimus, Universal Transformer, MT-DNN or ERNIE "
+        "model) to ONNX graphs in the new folder OUT, each checked on ONNX Runtime against PyTorch at two shapes "
+        "(max abs error at most 1e-4), with the checks in OUT/onnx_export.json and OUT/README.md. Needs the onnx "
+        "extra: pip install 'hf-ext[onnx]'.")
+    add_model_argument(onnx, "model folder or Hub repo id")
+    onnx.add_argument("out", help="output folder (written atomically)")
+    onnx.add_argument("--task", help="what to export (default: the folder's own head; see docs/export.md)")
+    onnx.add_argument("--quantize", choices=["int8"], help="also write <graph>_int8.onnx (dynamic int8 quantization "
+                      "of the weights) and measure its errors")
+    onnx.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    onnx.set_defaults(handler=_run_export_onnx)
     add_serve_command(commands)
 
     for name in MODELS:  # each model adds its converter and its own commands
@@ -84,6 +102,21 @@ def _run_push(args):
                       commit_message=args.commit_message))
 
 
+def _run_export_onnx(args):
+    from .onnx_export import export_onnx
+
+    report = export_onnx(args.model, args.out, task=args.task, quantize=args.quantize,
+                         trust_remote_code=args.trust_remote_code, overwrite=args.overwrite)
+    for graph in report["graphs"]:
+        line = (f"{graph['file']}: max abs error {max(c['max_abs_error'] for c in graph['checks']):.1e} against "
+                f"PyTorch over {len(graph['checks'])} shapes")
+        if "int8" in graph:
+            line += (f"; {graph['int8']['file']}: "
+                     f"{max(c['max_abs_error'] for c in graph['int8']['checks']):.1e}")
+        print(line)
+    print(f"wrote {args.out} (task {report['task']}, {report['seconds']} s)")
+
+
 def main(argv: list[str] | None = None, prog: str = "hf-ext") -> int:
     parser = build_parser(prog)
     return execute(parser.parse_args(_checked_argv(parser, argv)), prog)
@@ -111,7 +144,7 @@ def convert_main(conversion: ModuleType, argv: list[str] | None = None, prog: st
     return execute(parser.parse_args(_checked_argv(parser, argv)), parser.prog)
 
 
-def needs_the_hub(args) -> bool:
+def needs_the_hub(args: argparse.Namespace) -> bool:
     """Whether a command may reach the Hub: `push`, `--push-to-hub`, or a model argument that is no local path (a
     repo id). Every other command reads and writes local files only, so it runs with the Hub switched off."""
     if getattr(args, "command", None) == "push" or getattr(args, "push_to_hub", None):
@@ -130,7 +163,7 @@ def _raise_terminated(signum, frame):
 
 
 @contextlib.contextmanager
-def terminate_as_exception():
+def terminate_as_exception() -> Iterator[None]:
     """SIGTERM raises `Terminated` while a command runs (in the main thread only, where Python handles signals)."""
     if threading.current_thread() is not threading.main_thread():
         yield

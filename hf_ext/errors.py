@@ -3,6 +3,10 @@ model-loading failures into it."""
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # transformers is imported only when a config is loaded
+    from transformers import PretrainedConfig
 
 
 class HfExtError(Exception):
@@ -40,7 +44,7 @@ def require(condition: object, message: str) -> None:
 
 
 def load_config(source: str, expected_type: str | None = None, description: str | None = None,
-                trust_remote_code: bool | None = None, hint: str = ""):
+                trust_remote_code: bool | None = None, hint: str = "") -> "PretrainedConfig":
     """The configuration of `source` (a folder or Hub repo id), with one error line when it does not load or, given
     `expected_type`, when it holds another kind of model (`description` names the expected kind, `hint` may say
     what to do instead). Checked before any weights are read."""

@@ -6,7 +6,13 @@ from pathlib import Path
 import torch
 from huggingface_hub.utils.sha import sha_fileobj
 from safetensors.torch import save_file
-from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
+from transformers import (
+    GenerationConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    ProcessorMixin,
+)
 from transformers.dynamic_module_utils import custom_object_save
 from transformers.initialization import no_init_weights
 
@@ -53,7 +59,8 @@ def _some(names, limit=4):
 
 
 def write_model_folder(folder: str | Path, model_class: type[PreTrainedModel], config: PretrainedConfig,
-                       state_dict: dict[str, torch.Tensor], auto_map: dict[str, str] | None = None, processor=None,
+                       state_dict: dict[str, torch.Tensor], auto_map: dict[str, str] | None = None,
+                       processor: ProcessorMixin | PreTrainedTokenizerBase | None = None,
                        source: str = "checkpoint") -> PreTrainedModel:
     """Write config.json (with `auto_map`), the model code, generation_config.json, model.safetensors and the
     processor into `folder`. `state_dict` is checked against the model built from `config` first. With

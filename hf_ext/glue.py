@@ -6,12 +6,17 @@ The layouts are those of namisan/mt-dnn's `experiments/glue/glue_utils.py` (HEAD
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from transformers.utils import logging
 
 from .errors import HfExtError
 from .text_files import read_lines
+
+if TYPE_CHECKING:  # datasets is imported only when a file is read
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.get_logger(__name__)
 
@@ -86,7 +91,8 @@ def _label_id(value, names, num_labels, where):
     return label
 
 
-def read_glue_tsv(path: str | Path, spec: dict, tokenizer, max_length: int = 512, layout: str | None = None):
+def read_glue_tsv(path: str | Path, spec: dict, tokenizer: "PreTrainedTokenizerBase", max_length: int = 512,
+                  layout: str | None = None) -> "Dataset":
     """A GLUE-format TSV file as a tokenized `datasets.Dataset` for one task.
 
     Args:

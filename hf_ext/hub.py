@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from huggingface_hub import HfApi, ModelCard, ModelCardData, constants
 from huggingface_hub.errors import HfHubHTTPError
@@ -27,14 +28,14 @@ def model_card_template(name: str) -> str:
     return template.read_text(encoding="utf-8")
 
 
-def write_model_card(folder: str | Path, template_name: str, card_data: ModelCardData, **context) -> ModelCard:
+def write_model_card(folder: str | Path, template_name: str, card_data: ModelCardData, **context: Any) -> ModelCard:
     """Render `model_cards/<template_name>.md` with `card_data` (a `ModelCardData`) into `folder/README.md`."""
     card = ModelCard.from_template(card_data, template_str=model_card_template(template_name), **context)
     card.save(Path(folder) / "README.md")
     return card
 
 
-def card_data(**kwargs) -> ModelCardData:
+def card_data(**kwargs: Any) -> ModelCardData:
     """`ModelCardData` with the package's defaults (library transformers, tag hf-ext)."""
     tags = ["hf-ext", *kwargs.pop("tags", [])]
     return ModelCardData(library_name="transformers", tags=tags, **kwargs)

@@ -3,6 +3,7 @@ model, reload a saved adapter and get the model back out of its wrappers."""
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate.utils import extract_model_from_parallel
@@ -10,6 +11,9 @@ from transformers import PreTrainedModel
 from transformers.trainer_utils import unwrap_peft_model
 
 from .trainer import quiet_peft
+
+if TYPE_CHECKING:  # peft is imported only when LoRA is used
+    from peft import PeftModel
 
 
 def _no_modules(model: PreTrainedModel) -> list[str]:
@@ -63,7 +67,8 @@ def lora_plan(model: PreTrainedModel) -> LoraPlan:
 
 
 def add_lora(model: PreTrainedModel, r: int = 8, lora_alpha: float = 16, lora_dropout: float = 0.0,
-             target_modules: tuple[str, ...] | None = None, modules_to_save: list[str] | None = None):
+             target_modules: tuple[str, ...] | None = None,
+             modules_to_save: list[str] | None = None) -> "PeftModel":
     """Wrap `model` in LoRA adapters (`peft.get_peft_model`) on its type's targets (`LORA_PLANS`), or on
     `target_modules`; the type's `modules_to_save` (or the given ones) are trained in full and saved with the
     adapter."""
@@ -80,7 +85,7 @@ def add_lora(model: PreTrainedModel, r: int = 8, lora_alpha: float = 16, lora_dr
         return get_peft_model(model, config)
 
 
-def load_lora(model: PreTrainedModel, adapter: str, **kwargs):
+def load_lora(model: PreTrainedModel, adapter: str, **kwargs: Any) -> "PeftModel":
     """`PeftModel.from_pretrained(model, adapter)` for an adapter saved from a model wrapped by `add_lora`."""
     from peft import PeftModel
 

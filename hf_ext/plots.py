@@ -1,7 +1,12 @@
 """What every figure of hf-ext shares. matplotlib is optional (`pip install hf-ext[plots]`); figures are drawn on the
 Agg canvas, so no display is needed and the global pyplot backend is left alone."""
 
+from typing import TYPE_CHECKING
+
 from .errors import HfExtError
+
+if TYPE_CHECKING:  # matplotlib is optional
+    from matplotlib.figure import Figure
 
 
 def require_matplotlib() -> tuple[type, type]:
@@ -15,7 +20,7 @@ def require_matplotlib() -> tuple[type, type]:
     return Figure, FigureCanvasAgg
 
 
-def new_figure(width: float, height: float):
+def new_figure(width: float, height: float) -> "Figure":
     """A matplotlib `Figure` of `width` x `height` inches on its own Agg canvas, with the constrained layout."""
     figure_class, canvas_class = require_matplotlib()
     figure = figure_class(figsize=(width, height), layout="constrained")

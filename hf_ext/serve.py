@@ -1,7 +1,7 @@
 """`hf-ext serve MODEL`: a model's interactive app in the browser (Gradio), chosen by the model's type.
 
-The apps live with their models (`hf_ext/models/<m>/app.py`, each exposing `build_app(source, trust_remote_code)`);
-a model package that has one lists the model types it serves in `APP_MODEL_TYPES`. What is shared is here: the
+The apps live with their models: `hf_ext/models/<m>/app.py`, with the model types it serves (`MODEL_TYPES`) and
+`build_app(source, trust_remote_code)`, which imports gradio. What is shared is here: the
 command, finding the app through `MODELS`, the limits on what a request may hold, turning failures into one message
 in the page (`gr.Error`) and launching on a local address with nothing sent anywhere else. Gradio is optional
 (`pip install 'hf-ext[app]'`).
@@ -11,17 +11,22 @@ import argparse
 import functools
 import html
 import importlib
+import importlib.util
 import math
 import os
 import time
 from collections.abc import Callable
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from transformers.utils import logging
 
 from .arguments import number_in
 from .errors import HfExtError, load_config, one_line
 from .models import MODELS
+
+if TYPE_CHECKING:  # gradio is optional
+    import gradio as gr
 
 logger = logging.get_logger(__name__)
 
@@ -64,29 +69,34 @@ def require_gradio() -> ModuleType:
     return gradio
 
 
-def served_model_types() -> dict[str, str]:
-    """`{model_type: model package}` of every model whose package has an app."""
-    return {model_type: name for name in MODELS
-            for model_type in getattr(importlib.import_module(f"hf_ext.models.{name}"), "APP_MODEL_TYPES", ())}
+def apps() -> dict[str, ModuleType]:
+    """`{model_type: app module}` over the models that have an app."""
+    found = {}
+    for name in MODELS:
+        module_name = f"hf_ext.models.{name}.app"
+        if importlib.util.find_spec(module_name) is not None:
+            module = importlib.import_module(module_name)
+            found.update(dict.fromkeys(module.MODEL_TYPES, module))
+    return found
 
 
 def app_module(model_type: str) -> ModuleType:
     """The app module serving `model_type`; one error line naming the types that have an app otherwise."""
-    served = served_model_types()
-    if model_type not in served:
+    found = apps()
+    if model_type not in found:
         raise HfExtError(f"no app for model type {model_type!r} (hf-ext serve has apps for "
-                         f"{', '.join(sorted(served))})")
+                         f"{', '.join(sorted(found))})")
     require_gradio()
-    return importlib.import_module(f"hf_ext.models.{served[model_type]}.app")
+    return found[model_type]
 
 
-def build_app(source: str, trust_remote_code: bool | None = None):
+def build_app(source: str, trust_remote_code: bool | None = None) -> "gr.Blocks":
     """The `gr.Blocks` app of the model in `source` (a folder or Hub repo id), chosen by its model type."""
     config = load_config(source, trust_remote_code=trust_remote_code)
     return app_module(config.model_type).build_app(source, trust_remote_code)
 
 
-def launch(app, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> str:
+def launch(app: "gr.Blocks", host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> str:
     """Start `app` on http://HOST:PORT in a background thread (stop it with `app.close()`), its requests queued and
     bounded in size, no public share link, no server-side rendering. Returns the local URL."""
     from starlette.middleware import Middleware
@@ -106,11 +116,11 @@ class RequestSizeLimit:
     """ASGI middleware refusing a request body over `max_bytes` with 413 when its Content-Length announces it, and
     ending one that grows past it while it streams (read as the client leaving)."""
 
-    def __init__(self, app, max_bytes: int):
+    def __init__(self, app: Callable, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length")
@@ -178,7 +188,6 @@ def checked_float(value: float | int | None, what: str, low: float, high: float)
 
 
 def _run_serve(args: argparse.Namespace) -> None:
-    require_gradio()
     app = build_app(args.model, args.trust_remote_code or None)
     url = launch(app, args.host, args.port)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
@@ -193,6 +202,5 @@ def _run_serve(args: argparse.Namespace) -> None:
         app.close()
 
 
-__all__ = ["APP_EXTRA", "MAX_REQUEST_BYTES", "MAX_TEXT_CHARS", "add_serve_command", "app_module", "build_app",
-           "checked_float", "checked_int", "checked_text", "launch", "require_gradio", "served_model_types",
-           "user_errors"]
+__all__ = ["APP_EXTRA", "MAX_REQUEST_BYTES", "MAX_TEXT_CHARS", "add_serve_command", "app_module", "apps", "build_app",
+           "checked_float", "checked_int", "checked_text", "launch", "require_gradio", "user_errors"]

@@ -11,10 +11,22 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+from transformers import (
+    PreTrainedTokenizerBase,
+    PrinterCallback,
+    ProcessorMixin,
+    Trainer,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalLoopOutput, TrainOutput
 from transformers.utils import logging
 
 from .output import atomic_output_dir
@@ -29,13 +41,14 @@ class StderrLogCallback(TrainerCallback):
     """Writes each log entry as one JSON line on stderr, for command-line runs whose stdout is machine-readable
     (use it instead of the `PrinterCallback`/`ProgressCallback` that `Trainer` installs)."""
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, float] | None = None, **kwargs: Any) -> None:
         if state.is_world_process_zero and logs:
             # one write per line, so that a Ctrl-C cannot leave a line unfinished for the error to be glued to
             sys.stderr.write(json.dumps({"step": state.global_step, **logs}) + "\n")
 
 
-def send_logs_to_stderr(trainer):
+def send_logs_to_stderr(trainer: Trainer) -> None:
     """Send `trainer`'s logs to stderr as JSON lines instead of printing them on stdout."""
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(StderrLogCallback())
@@ -83,17 +96,17 @@ class TermMeans:
         dtype = torch.float32 if torch.device(device).type == "mps" else torch.float64  # MPS has no float64
         self.totals = torch.zeros(2, len(self.names), dtype=dtype, device=device)
 
-    def add(self, name, value, count=1):
+    def add(self, name: str, value: torch.Tensor, count: int = 1) -> None:
         """Add `value` (a tensor: one term, or the sum of `count` of them) to the running sum of `name`."""
         i = self.index[name]
         self.totals[0, i] += value.detach().to(self.totals.dtype)
         self.totals[1, i] += count
 
-    def reset(self):
+    def reset(self) -> None:
         """Forget what was added (a window a previous run left unlogged)."""
         self.totals.zero_()
 
-    def means(self, accelerator):
+    def means(self, accelerator: Accelerator) -> dict[str, float]:
         """`{name: mean}` over every process of the terms added since the last call (names never added are left
         out), then starts again. Every process must call it."""
         sums, counts = accelerator.reduce(self.totals.clone(), reduction="sum").tolist()
@@ -116,7 +129,7 @@ class TermLoggingTrainer(Trainer):
         self.resumed_from_step = 0
         self.add_callback(_ResumeStepCallback(self))
 
-    def record_term(self, model, name, value):
+    def record_term(self, model: torch.nn.Module, name: str, value: torch.Tensor) -> None:
         """Add one batch's `name`: a scalar, or (at evaluation) one value per example."""
         if model.training or value.dim() == 0:
             (self.train_terms if model.training else self.eval_terms).add(name, value.mean())
@@ -125,11 +138,11 @@ class TermLoggingTrainer(Trainer):
             gathered = self.accelerator.gather_for_metrics(value.detach())
             self.eval_terms.add(name, gathered.sum(), gathered.numel())
 
-    def train(self, *args, **kwargs):
+    def train(self, *args: Any, **kwargs: Any) -> TrainOutput:
         self.train_terms.reset()  # a window a previous run left unlogged
         return super().train(*args, **kwargs)
 
-    def log(self, logs, start_time=None):
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         # `log` runs on every process, so the reductions pair up across ranks
         if "loss" in logs:
             logs.update(self.train_terms.means(self.accelerator))
@@ -150,8 +163,8 @@ class TermLoggingTrainer(Trainer):
         steps_now = self.state.global_step - self.resumed_from_step
         return (total + self._total_loss_scalar) / max(before + steps_now, 1)
 
-    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
-                        metric_key_prefix="eval"):
+    def evaluation_loop(self, dataloader: DataLoader, description: str, prediction_loss_only: bool | None = None,
+                        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
         self.eval_terms.reset()
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
                                          metric_key_prefix)
@@ -171,7 +184,7 @@ class _ResumeStepCallback(TrainerCallback):
 
 
 @contextlib.contextmanager
-def quiet_peft():
+def quiet_peft() -> Iterator[None]:
     """PEFT without the warnings that need no action here: it reads transformers' deprecated
     `is_gradient_checkpointing`, and it warns for every layer whose type contradicts the config's single
     `fan_in_fan_out` before using the right value for that layer (expected with BERT Linear and GPT-2 Conv1D targets
@@ -182,7 +195,7 @@ def quiet_peft():
         yield
 
 
-def training_arguments(output_dir: str | Path, **settings) -> TrainingArguments:
+def training_arguments(output_dir: str | Path, **settings: Any) -> TrainingArguments:
     """`TrainingArguments` with hf-ext's defaults, which `settings` override: no reporting integrations, memory
     pinned only where CUDA is, and no checkpoints unless a save strategy is given. Each model's training function
     takes `TrainingArguments` (`args=`) or builds them here from its keyword arguments."""
@@ -198,7 +211,8 @@ def training_output(out: str | Path, overwrite: bool = False) -> Iterator[tuple[
         yield staging, Path(scratch)
 
 
-def save_training_run(folder: str | Path, trainer: Trainer, processor=None, metrics: dict | None = None,
+def save_training_run(folder: str | Path, trainer: Trainer,
+                      processor: ProcessorMixin | PreTrainedTokenizerBase | None = None, metrics: dict | None = None,
                       model: torch.nn.Module | None = None) -> None:
     """What a training command leaves in its output folder: the trained model (`trainer.model`, or `model`; a PEFT
     model saves its adapter and the modules it trains in full), its processor or tokenizer, `log_history.json` and,
@@ -212,7 +226,7 @@ def save_training_run(folder: str | Path, trainer: Trainer, processor=None, metr
         (folder / EVAL_RESULTS).write_text(json.dumps(metrics, indent=1))
 
 
-def print_summary(output_dir: str | Path, trainer: Trainer | None = None, **fields) -> None:
+def print_summary(output_dir: str | Path, trainer: Trainer | None = None, **fields: Any) -> None:
     """A training command's result: one JSON line on stdout (its logs go to stderr) with the output folder, the
     `trainer`'s steps and final training loss, and `fields`."""
     if trainer is not None:

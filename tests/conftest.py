@@ -126,21 +126,23 @@ def cli_exit_code(argv: list) -> int:
         return usage_error.code
 
 
-# ----- hf-ext serve: tiny model folders with their tokenizers, and a running app -----------------------------------
-
-def require_for_ci(module: str):
-    """`module` imported; when it is missing the test is skipped, or fails under CI=true, where `.ci/run` installs
-    what the `hf-ext serve` tests need (the dev extra, Debian's chromium)."""
-    import importlib
+def require_extra(extra: str, *modules: str) -> None:
+    """At the top of a test module for an optional extra (`pip install 'hf-ext[EXTRA]'`): skip the module when one of
+    `modules` is missing, except under CI (CI=true), where `.ci/run` installs every extra and a missing one fails,
+    so that these tests cannot silently stop running."""
+    import importlib.util
     import os
 
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{module} is missing: CI installs it with the dev extra")
-        pytest.skip(f"{module} is not installed (pip install 'hf-ext[dev]')")
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if not missing:
+        return
+    message = f"needs the {extra} extra (missing {', '.join(missing)}): pip install 'hf-ext[{extra}]'"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI installs every extra, but this test {message}", pytrace=False)
+    pytest.skip(message, allow_module_level=True)
 
+
+# ----- hf-ext serve: tiny model folders with their tokenizers, and a running app -----------------------------------
 
 @pytest.fixture(scope="session")
 def optimus_app_folder(tmp_path_factory):
@@ -220,7 +222,7 @@ def running_app(folder):
     the way out."""
     from hf_ext import serve
 
-    require_for_ci("gradio")
+    require_extra("app", "gradio")
     app = serve.build_app(str(folder))
     url = serve.launch(app, "127.0.0.1", free_port())
     try:
@@ -242,6 +244,8 @@ def local_client(url: str):
     for its request headers and sends it telemetry."""
     from hf_ext.hub import hub_offline
 
-    gradio_client = require_for_ci("gradio_client")
+    require_extra("test", "gradio_client")
+    import gradio_client
+
     with hub_offline():
         return gradio_client.Client(url, verbose=False)

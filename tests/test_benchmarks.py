@@ -5,9 +5,10 @@ still apply."""
 import re
 
 import pytest
-from conftest import REPO_ROOT, run_script
+from conftest import REPO_ROOT, require_extra, run_script
 
 BENCHMARKS = sorted((REPO_ROOT / "benchmarks").glob("bench_*.py"))
+EXTRAS = {"bench_onnx": ("onnx", "onnx", "onnxruntime", "onnxscript")}  # script -> (extra, its modules)
 RESULT_LINE = re.compile(r"^RESULT .+: \d+\.\d\dx \((target [<>]= [\d.]+x: (met|MISSED)|no target); ", re.MULTILINE)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -20,6 +21,8 @@ def test_every_benchmark_is_found():
 
 @pytest.mark.parametrize("script", BENCHMARKS, ids=lambda path: path.stem)
 def test_quick_run(script, capsys, monkeypatch):
+    if script.stem in EXTRAS:
+        require_extra(*EXTRAS[script.stem])
     output = run_script(script, "--quick", "--threads", 1, monkeypatch=monkeypatch, capsys=capsys)
     assert "QUICK smoke run" in output
     assert RESULT_LINE.search(output), output

@@ -8,15 +8,18 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO_ROOT, cli_exit_code, free_port, local_client, require_for_ci, running_app
+from conftest import REPO_ROOT, cli_exit_code, free_port, local_client, require_extra, running_app
 
 from hf_ext import serve
 from hf_ext.errors import HfExtError
 
 
 def test_the_apps_are_found_by_model_type():
-    assert serve.served_model_types() == {"optimus": "optimus", "universal-transformer": "universal_transformer",
-                                          "mt-dnn": "mtdnn"}
+    found = serve.apps()
+    assert {model_type: module.__name__ for model_type, module in found.items()} == {
+        "optimus": "hf_ext.models.optimus.app", "universal-transformer": "hf_ext.models.universal_transformer.app",
+        "mt-dnn": "hf_ext.models.mtdnn.app"}
+    assert all(callable(module.build_app) for module in found.values())
 
 
 def test_serve_without_gradio_is_one_line(mtdnn_app_folder, monkeypatch, capsys):
@@ -32,8 +35,10 @@ def test_a_folder_without_a_model_is_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("model_type", ["ernie2-pretraining", "bert"])
-def test_a_model_type_without_an_app_is_one_line(tmp_path, capsys, model_type):
+def test_a_model_type_without_an_app_is_one_line(tmp_path, capsys, monkeypatch, model_type):
     from transformers import AutoConfig
+
+    monkeypatch.setitem(sys.modules, "gradio", None)  # the apps are found without gradio
 
     AutoConfig.for_model(model_type, vocab_size=10, hidden_size=8, num_hidden_layers=1,
                          num_attention_heads=2).save_pretrained(tmp_path)
@@ -58,7 +63,8 @@ def test_numbers_out_of_range_and_nan_are_refused():
 
 
 def test_failures_become_one_escaped_message():
-    gr = require_for_ci("gradio")
+    require_extra("app", "gradio")
+    import gradio as gr
 
     def refuse(text):
         raise HfExtError(f"cannot tokenize {text!r}")
@@ -126,7 +132,7 @@ def test_the_app_reaches_nothing_but_its_own_address(mtdnn_app_folder, local_net
 def test_a_port_in_use_is_one_line(mtdnn_app_folder):
     import socket
 
-    require_for_ci("gradio")
+    require_extra("app", "gradio")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -140,7 +146,7 @@ def test_a_port_in_use_is_one_line(mtdnn_app_folder):
 def test_the_command_serves_a_hub_id_offline_until_ctrl_c(mtdnn_app_folder, tmp_path):
     from hf_ext.hub import install_into_hub_cache
 
-    require_for_ci("gradio")
+    require_extra("app", "gradio")
     install_into_hub_cache(mtdnn_app_folder, "some-org/mtdnn-tiny", tmp_path / "home" / "hub")
     port = free_port()
     env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_"))}

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import require_for_ci, running_app
+from conftest import require_extra, running_app
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 CHROMIUM = "/usr/bin/chromium"
@@ -19,7 +19,9 @@ TIMEOUT_MS = 30_000
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = require_for_ci("playwright.sync_api")
+    require_extra("test", "playwright")
+    from playwright import sync_api
+
     if not os.access(CHROMIUM, os.X_OK):
         message = f"{CHROMIUM} is missing (apt-get install chromium)"
         if os.environ.get("CI") == "true":

@@ -2,11 +2,15 @@
 works offline (`evaluate.load("<hub name>")` needs the Hub)."""
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # evaluate is imported only when a metric is loaded
+    from evaluate import EvaluationModule
 
 METRICS_DIR = Path(__file__).parent
 
 
-def metric_path(name):
+def metric_path(name: str) -> str:
     """Path of the metric script `name` (e.g. `"optimus_lm"`), for `evaluate.load`."""
     path = METRICS_DIR / name / f"{name}.py"
     if not path.is_file():
@@ -15,7 +19,7 @@ def metric_path(name):
     return str(path)
 
 
-def load_metric(name, **kwargs):
+def load_metric(name: str, **kwargs: Any) -> "EvaluationModule":
     """`evaluate.load` of a bundled metric; kept in memory (no cache files) unless it runs over several processes."""
     import evaluate
 

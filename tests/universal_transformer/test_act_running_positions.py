@@ -33,6 +33,12 @@ def dense_layer_forward(self, states, self_attention_bias=None, running=None, no
     return hidden, None, None
 
 
+@pytest.fixture(autouse=True)
+def seeded():
+    """The same initial weights whatever ran before: how closely two summation orders agree depends on them."""
+    torch.manual_seed(0)
+
+
 def config(**overrides):
     values = dict(vocab_size=40, hidden_size=32, num_attention_heads=4, intermediate_size=48, act_max_steps=8,
                   hidden_dropout_prob=0.0, input_dropout=0.0, attention_dropout=0.0, relu_dropout=0.0,
@@ -145,3 +151,26 @@ def test_adapters_on_the_projections_fall_back_to_projecting_every_position(monk
     with torch.no_grad():
         fast, dense = both_ways(monkeypatch, lambda: model(input_ids=input_ids, attention_mask=mask, labels=labels))
     torch.testing.assert_close(fast.logits, dense.logits, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"transition": "conv", "step_signal": "sinusoid"},
+    {"act_halted_state": "transformed"},
+], ids=["frozen-fc", "frozen-conv", "transformed"])
+def test_the_path_an_exported_graph_takes_gives_the_same_outputs(monkeypatch, overrides):
+    """Under `torch.export` (ONNX export) the loop takes every step, dense, without its data-dependent exit."""
+    model = mixed_halting(UniversalTransformerForSeq2SeqLM(config(**overrides))).eval()
+    input_ids, mask = inputs()
+    labels = torch.randint(3, 40, (3, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        fast = model(input_ids=input_ids, attention_mask=mask, labels=labels)
+        monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+        exported = model(input_ids=input_ids, attention_mask=mask, labels=labels)
+    for side in ("encoder", "decoder"):
+        assert torch.equal(getattr(fast, f"{side}_n_updates"), getattr(exported, f"{side}_n_updates"))
+        torch.testing.assert_close(getattr(fast, f"{side}_remainders"), getattr(exported, f"{side}_remainders"),
+                                   atol=ATOL, rtol=0)
+    torch.testing.assert_close(fast.logits, exported.logits, atol=ATOL, rtol=0)
+    steps = fast.encoder_n_updates[mask.bool()]
+    assert steps.min() < steps.max() - 1, steps  # positions halted at different steps: the halted were kept

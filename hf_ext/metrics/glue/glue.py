@@ -6,6 +6,8 @@ The definitions are those of the original's `data_utils/metrics.py` (scikit-lear
 Nothing here is specific to one model.
 """
 
+from collections.abc import Sequence
+
 import datasets
 import evaluate
 import numpy as np
@@ -83,11 +85,11 @@ ORIGINAL_NAMES = {"ACC": "accuracy", "F1": "f1", "MCC": "matthews_correlation", 
                   "Spearman": "spearmanr"}
 
 
-def accuracy(predictions, references):
+def accuracy(predictions: np.ndarray, references: np.ndarray) -> float:
     return float(np.mean(predictions == references))
 
 
-def f1(predictions, references):
+def f1(predictions: np.ndarray, references: np.ndarray) -> float:
     if not set(np.unique(np.concatenate([predictions, references]))) <= {0, 1}:
         raise ValueError("f1 is the binary F1 of class 1: predictions and references must be 0 or 1")
     true_positives = np.sum((predictions == 1) & (references == 1))
@@ -96,7 +98,7 @@ def f1(predictions, references):
     return float(2 * true_positives / denominator) if denominator else 0.0
 
 
-def matthews_correlation(predictions, references):
+def matthews_correlation(predictions: np.ndarray, references: np.ndarray) -> float:
     classes, encoded = np.unique(np.concatenate([references, predictions]), return_inverse=True)
     count = len(references)
     confusion = np.zeros((len(classes), len(classes)), dtype=np.float64)
@@ -110,14 +112,14 @@ def matthews_correlation(predictions, references):
     return float(covariance / np.sqrt(variance_true * variance_predicted))
 
 
-def pearson(predictions, references):
+def pearson(predictions: np.ndarray, references: np.ndarray) -> float:
     x = predictions.astype(np.float64) - predictions.mean()
     y = references.astype(np.float64) - references.mean()
     norm = np.sqrt((x @ x) * (y @ y))
     return float(x @ y / norm) if norm else float("nan")
 
 
-def average_ranks(values):
+def average_ranks(values: np.ndarray) -> np.ndarray:
     """1-based ranks, ties sharing their average rank (scipy's `rankdata(method="average")`)."""
     order = np.argsort(values, kind="mergesort")
     sorted_values = values[order]
@@ -128,7 +130,7 @@ def average_ranks(values):
     return ranks
 
 
-def spearmanr(predictions, references):
+def spearmanr(predictions: np.ndarray, references: np.ndarray) -> float:
     return pearson(average_ranks(predictions), average_ranks(references))
 
 
@@ -136,7 +138,7 @@ METRICS = {"accuracy": accuracy, "f1": f1, "matthews_correlation": matthews_corr
            "spearmanr": spearmanr}
 
 
-def metric_names(names):
+def metric_names(names: Sequence[str]) -> list[str]:
     """Metric names (ours or the original's) as ours; `ValueError` for unknown ones."""
     resolved = [ORIGINAL_NAMES.get(name, name) for name in names]
     unknown = [name for name, key in zip(names, resolved) if key not in METRICS]

@@ -63,7 +63,7 @@ def _logsumexp(values, axis):
     return (peak + np.log(np.exp(values - peak).sum(axis=axis, keepdims=True))).squeeze(axis)
 
 
-def mutual_information(mean, logvar, latent_sample):
+def mutual_information(mean: np.ndarray, logvar: np.ndarray, latent_sample: np.ndarray) -> float:
     """The original's aggregate-posterior estimate of I(x; z)."""
     count, dim = mean.shape
     neg_entropy = np.mean(-0.5 * dim * math.log(2 * math.pi) - 0.5 * (1 + logvar).sum(-1))
@@ -74,7 +74,7 @@ def mutual_information(mean, logvar, latent_sample):
     return float(neg_entropy - log_qz.mean())
 
 
-def active_units(mean, threshold):
+def active_units(mean: np.ndarray, threshold: float) -> int:
     """Dimensions whose posterior mean has an unbiased variance over the data of at least `threshold`."""
     return int((mean.var(axis=0, ddof=1) >= threshold).sum())
 

@@ -42,7 +42,7 @@ def validate_ernie_encoder(config: ErnieConfig) -> None:
         raise ValueError(f"layer_norm_eps must be a positive finite number, got {eps!r}")
 
 
-def sentence_reordering_classes(max_segments):
+def sentence_reordering_classes(max_segments: int) -> int:
     """K = sum over n = 1..m of n!: every order of every split of a paragraph into 1..m segments."""
     return sum(math.factorial(n) for n in range(1, max_segments + 1))
 
@@ -76,7 +76,7 @@ class Ernie2PreTrainingConfig(ErnieConfig):
         super().__post_init__(**kwargs)
         self.validate_pretraining_tasks()
 
-    def validate_pretraining_tasks(self):
+    def validate_pretraining_tasks(self) -> None:
         """One `ValueError` line for settings the pre-training heads cannot run with."""
         validate_ernie_encoder(self)
         if not self.use_task_id:
@@ -98,7 +98,7 @@ class Ernie2PreTrainingConfig(ErnieConfig):
                 raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
 
     @property
-    def task_num_labels(self):
+    def task_num_labels(self) -> dict[str, int]:
         """Classes of every task's head (the vocabulary for knowledge masking)."""
         return {"knowledge_masking": self.vocab_size, "capitalization": 2, "token_document_relation": 2,
                 "sentence_reordering": sentence_reordering_classes(self.max_reorder_segments),

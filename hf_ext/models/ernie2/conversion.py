@@ -16,8 +16,10 @@ import hashlib
 import os
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -78,7 +80,7 @@ TASK_EMBEDDING = Weight("task_embedding", "ernie.embeddings.task_type_embeddings
                         "ernie.embeddings.task_type_embeddings.weight")
 
 
-def parameter_table(num_layers):
+def parameter_table(num_layers: int) -> list[Weight]:
     """Every weight of an ERNIE 2.0 checkpoint with an MLM head (names of model/ernie.py, PaddleNLP, transformers)."""
     emb = "ernie.embeddings"
     table = [Weight("word_embedding", f"{emb}.word_embeddings.weight", f"{emb}.word_embeddings.weight"),
@@ -127,7 +129,7 @@ def _varint(data, pos, what):
             return value, pos
 
 
-def parse_tensor_desc(data, what):
+def parse_tensor_desc(data: bytes, what: str) -> tuple[int, list[int]]:
     """`VarType.TensorDesc` protobuf -> (data type code, dims): field 1 varint, field 2 repeated int64 (unpacked or
     packed); other fields are skipped by wire type."""
     dtype, dims, pos = None, [], 0
@@ -168,7 +170,7 @@ def _read_exact(handle, size, what):
     return data
 
 
-def read_lod_tensor_header(handle, what):
+def read_lod_tensor_header(handle: BinaryIO, what: str) -> tuple[type[np.generic], int, list[int]]:
     """Read the header of a LoDTensor file up to its raw data; returns (numpy storage dtype, dtype code, dims)."""
     (version,) = struct.unpack("<I", _read_exact(handle, 4, what))
     if version != 0:
@@ -196,7 +198,8 @@ def read_lod_tensor_header(handle, what):
     return LOD_DTYPES[code], code, dims
 
 
-def read_lod_tensor(path, expected_shape=None, what=None):
+def read_lod_tensor(path: str | Path, expected_shape: Sequence[int] | None = None, what: str | None = None,
+                    ) -> torch.Tensor:
     """One LoDTensor file as a torch tensor over a copy-on-write map of its data (pages are read when touched, once).
     `expected_shape` is checked against the header, and the file size against it, before any data is read."""
     what = what or str(path)
@@ -238,11 +241,11 @@ class ErnieSource:
     vocab_path: Path
     weights_path: Path  # params/ or the .pdparams file
 
-    def describe(self):
+    def describe(self) -> str:
         return "Paddle static-graph release" if self.format == "static" else "PaddleNLP"
 
 
-def find_source(src, vocab=None):
+def find_source(src: str | Path, vocab: str | Path | None = None) -> ErnieSource:
     """Resolve SRC (a release folder, a PaddleNLP folder or its .pdparams file) to the files to read."""
     src = Path(src)
     if not src.exists():
@@ -283,7 +286,7 @@ def _vocab_path(folder, vocab):
 
 # ------------------------------------------------------------------------------------------------------- config
 
-def read_source_config(source):
+def read_source_config(source: ErnieSource) -> dict[str, Any]:
     """The source config as a flat dict of the original's field names (PaddleNLP's `init_args` unwrapped)."""
     config = read_json(source.config_path, "config")
     if not isinstance(config, dict):
@@ -315,7 +318,8 @@ def _init_args(config):
     return None
 
 
-def build_config(source_config, config_path, pad_token_id, layer_norm_eps=ORIGINAL_LAYER_NORM_EPS):
+def build_config(source_config: dict[str, Any], config_path: str | Path, pad_token_id: int,
+                 layer_norm_eps: float = ORIGINAL_LAYER_NORM_EPS) -> ErnieConfig:
     """`ErnieConfig` from the original's config fields (see `docs/ernie2.md` for each rule)."""
     c = source_config
     act = c.get("hidden_act", "gelu")
@@ -393,7 +397,7 @@ def _plan(config):
     return table, shapes
 
 
-def read_static_weights(source, config):
+def read_static_weights(source: ErnieSource, config: ErnieConfig) -> ErnieWeights:
     """Read `params/<name>` LoDTensor files; dims are checked against `config` from each header before the data."""
     table, shapes = _plan(config)
     params = source.weights_path
@@ -417,7 +421,7 @@ def read_static_weights(source, config):
     return weights
 
 
-def read_paddlenlp_weights(source, config):
+def read_paddlenlp_weights(source: ErnieSource, config: ErnieConfig) -> ErnieWeights:
     """Read a .pdparams pickle (numpy arrays only) and rename its keys."""
     state = load_numpy_pickle(source.weights_path, "PaddleNLP weights")
     if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
@@ -473,7 +477,7 @@ def _note_skipped(weights, names, prefix, task_embedding):
                              f"head (task heads, optimizer state): {shown}")
 
 
-def add_missing_nsp_head(weights, config):
+def add_missing_nsp_head(weights: ErnieWeights, config: ErnieConfig) -> None:
     """ERNIE 2.0 checkpoints have no next-sentence head: write a zero one (it predicts 50/50), and say so."""
     if NSP_HEAD[0].hf in weights.state:
         return
@@ -489,7 +493,7 @@ def add_missing_nsp_head(weights, config):
 TAB_LINE = re.compile(r"^(.*)\t(\d+)$")
 
 
-def read_vocab(path):
+def read_vocab(path: str | Path) -> dict[str, int]:
     """`{token: id}` from a vocab.txt with one token per line (id = line number) or `token<TAB>id` lines."""
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -519,7 +523,7 @@ def read_vocab(path):
     return vocab
 
 
-def build_tokenizer(vocab, config, do_lower_case=True):
+def build_tokenizer(vocab: dict[str, int], config: ErnieConfig, do_lower_case: bool = True) -> BertTokenizer:
     """A BERT WordPiece tokenizer over `vocab`, checked to fit the embedding matrix."""
     top = max(vocab.values())
     if top >= config.vocab_size:
@@ -539,7 +543,7 @@ def _lower_case(source, do_lower_case):
 
 # ------------------------------------------------------------------------------------------------- conversion
 
-def source_files(source, checksums):
+def source_files(source: ErnieSource, checksums: bool) -> list[dict]:
     """Rows for the provenance table: config and vocab always hashed, weights hashed when `checksums`."""
     rows = [file_record(p) for p in (source.config_path, source.vocab_path)]
     not_computed = "not computed (--checksums)"
@@ -557,7 +561,7 @@ def source_files(source, checksums):
     return rows
 
 
-def reference_errors(model, reference):
+def reference_errors(model: ErnieForPreTraining, reference: dict[str, torch.Tensor]) -> dict[str, float]:
     """Max abs errors against the original's outputs (the fixtures' `reference.safetensors` layout): key-mask tensors
     at every position, original-mask tensors at real tokens."""
     model.eval()
@@ -582,9 +586,11 @@ def reference_errors(model, reference):
     return errors
 
 
-def convert_ernie2_checkpoint(src, out, *, vocab=None, do_lower_case=None, layer_norm_eps=ORIGINAL_LAYER_NORM_EPS,
-                              reference=None, checksums=False, overwrite=False, push_to_hub=None, private=False,
-                              token=None):
+def convert_ernie2_checkpoint(src: str | Path, out: str | Path, *, vocab: str | Path | None = None,
+                              do_lower_case: bool | None = None, layer_norm_eps: float = ORIGINAL_LAYER_NORM_EPS,
+                              reference: str | Path | None = None, checksums: bool = False, overwrite: bool = False,
+                              push_to_hub: str | None = None, private: bool = False,
+                              token: str | None = None) -> dict[str, float]:
     """Convert an ERNIE 2.0 Paddle checkpoint into a transformers `ernie` folder at `out` (written atomically), with
     a model card; optionally push it. Returns the parity errors measured (empty without `reference`)."""
     from ... import __version__
@@ -633,7 +639,7 @@ CONVERT_NAME = "ernie2"  # hf-ext convert ernie2
 CONVERT_SUMMARY = ("ERNIE 2.0 PaddlePaddle checkpoints (static release or PaddleNLP), without paddle")
 
 
-def add_arguments(parser):
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`hf-ext convert ernie2` arguments (also used by conversion/convert_ernie2_paddle_checkpoint.py)."""
     parser.add_argument("src", help="Paddle static release folder (params/, ernie_config.json, vocab.txt) or "
                         "PaddleNLP folder (model_state.pdparams, config.json, vocab.txt), or the .pdparams file")
@@ -648,7 +654,7 @@ def add_arguments(parser):
     add_output_arguments(parser)
 
 
-def run(args):
+def run(args: argparse.Namespace) -> None:
     parity = convert_ernie2_checkpoint(
         args.src, args.out, vocab=args.vocab, do_lower_case=args.do_lower_case, layer_norm_eps=args.layer_norm_eps,
         reference=args.reference, checksums=args.checksums, overwrite=args.overwrite, push_to_hub=args.push_to_hub,

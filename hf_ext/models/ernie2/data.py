@@ -31,15 +31,24 @@ same examples whatever the batching of `datasets.map`.
 
 import functools
 import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from transformers import PreTrainedTokenizerFast
 
 from ...errors import HfExtError
 from ...text_files import json_lines, read_lines
 from . import IGNORE_INDEX, IR_RELEVANCE_CLASSES, PRETRAINING_TASKS, TOKEN_LEVEL_TASKS, sentence_reordering_label
+from .configuration_ernie2 import Ernie2PreTrainingConfig
+
+if TYPE_CHECKING:  # datasets is imported only when data is built; training imports this module
+    from datasets import Dataset, DatasetDict
+
+    from .training import ContinualSchedule
 
 DOCUMENT_TASKS = ("knowledge_masking", "capitalization", "token_document_relation", "sentence_reordering",
                   "sentence_distance")
@@ -70,7 +79,7 @@ def _string_list(value, where, name):
     return [item.strip() for item in value if item.strip()]
 
 
-def documents_from_records(records, where="documents"):
+def documents_from_records(records: Iterable[object], where: str = "documents") -> "Dataset":
     """A documents `datasets.Dataset` (columns `paragraphs`, `entities`, `phrases`) from dicts with `paragraphs`
     (a list of paragraphs, each a list of sentences) and optional `entities` / `phrases` (span texts to mask whole)."""
     from datasets import Dataset
@@ -97,7 +106,7 @@ def documents_from_records(records, where="documents"):
     return Dataset.from_dict(columns)
 
 
-def load_documents(path):
+def load_documents(path: str | Path) -> "Dataset":
     """Raw documents as a `datasets.Dataset` (see `documents_from_records`) from
 
     - a `.jsonl`/`.json` file: one JSON object per line, `{"paragraphs": [["First sentence.", "Second."], [...]],
@@ -126,7 +135,7 @@ def load_documents(path):
     return documents_from_records(documents, str(path))
 
 
-def load_labelled_pairs(path, task, num_labels=IR_RELEVANCE_CLASSES):
+def load_labelled_pairs(path: str | Path, task: str, num_labels: int = IR_RELEVANCE_CLASSES) -> "Dataset":
     """Labelled sentence pairs of the discourse-relation or IR-relevance task from JSON lines
     `{"sentence1": "...", "sentence2": "...", "label": 0}`, as a `datasets.Dataset` with those columns. The label is a
     class id below `num_labels`; for IR relevance (sentence1 = query, sentence2 = title) 0 means strong relevance
@@ -152,14 +161,14 @@ def load_labelled_pairs(path, task, num_labels=IR_RELEVANCE_CLASSES):
 
 # ----- masking spans -----------------------------------------------------------------------------------------------
 
-def word_splitter(tokenizer):
+def word_splitter(tokenizer: PreTrainedTokenizerFast) -> Callable[[str], list[str]]:
     """A function that splits a text into words as the tokenizer's pre-tokenizer does (punctuation apart), case kept.
     """
     pre_tokenizer = tokenizer.backend_tokenizer.pre_tokenizer
     return lambda text: [word for word, _ in pre_tokenizer.pre_tokenize_str(text)]
 
 
-def read_lexicon(path):
+def read_lexicon(path: str | Path) -> list[str]:
     """The entries of a lexicon file: one entity or phrase per line."""
     entries = [line.strip() for line in read_lines(path, "lexicon") if line.strip()]
     if not entries:
@@ -200,7 +209,8 @@ class SpanFinder:
                 index.setdefault(words[0], set()).add(words)
         return {first: sorted(found, key=len, reverse=True) for first, found in index.items()}
 
-    def find(self, words, entities=(), phrases=()):
+    def find(self, words: Sequence[str], entities: Iterable[str] = (), phrases: Iterable[str] = (),
+             ) -> list[tuple[int, int]]:
         """Non-overlapping `(start, end)` word ranges of the units in `words`; `entities` and `phrases` are span
         texts given with this document."""
         lowered = [word.lower() for word in words]
@@ -240,7 +250,7 @@ def _capitalised(word):
     return word[:1].isupper()
 
 
-def capitalised_runs(words):
+def capitalised_runs(words: Sequence[str]) -> list[tuple[int, int]]:
     """`(start, end)` of the runs of two or more capitalised words that look like entities (see `SpanFinder`)."""
     runs, start = [], None
     for position in range(len(words) + 1):
@@ -259,7 +269,7 @@ def capitalised_runs(words):
     return runs
 
 
-def content_word_runs(words):
+def content_word_runs(words: Sequence[str]) -> list[tuple[int, int]]:
     """`(start, end)` of runs of 2..4 lower-case content words (see `SpanFinder`)."""
     runs, start = [], None
     for position in range(len(words) + 1):
@@ -293,10 +303,10 @@ class Segment:
                        self.word_of_piece + [w + offset for w in other.word_of_piece],
                        self.spans + [(start + offset, end + offset) for start, end in other.spans])
 
-    def truncated(self, budget):
+    def truncated(self, budget: int) -> "Segment":
         return Segment(self.words, self.ids[:budget], self.word_of_piece[:budget], self.spans)
 
-    def first_pieces(self):
+    def first_pieces(self) -> dict[int, int]:
         """`{word index: position of its first piece}` for the words whose first piece is present."""
         first = {}
         for position, word in enumerate(self.word_of_piece):
@@ -339,10 +349,11 @@ class Ernie2DataBuilder:
         special = set(tokenizer.all_special_ids)
         self.replacement_ids = np.array([i for i in range(len(tokenizer)) if i not in special])
 
-    def rng(self, task, index):
+    def rng(self, task: str, index: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, PRETRAINING_TASKS.index(task), index])
 
-    def encode(self, sentences, spans=None):
+    def encode(self, sentences: Sequence[str], spans: tuple[Iterable[str], Iterable[str]] | None = None,
+               ) -> list[Segment]:
         """One `Segment` per sentence; with `spans` (the document's `(entities, phrases)`), its masking units too."""
         words = [self.split_words(sentence) for sentence in sentences]
         encoded = self.tokenizer([w or [""] for w in words], is_split_into_words=True, add_special_tokens=False)
@@ -351,7 +362,7 @@ class Ernie2DataBuilder:
                 for i, w in enumerate(words)]
 
     @staticmethod
-    def sentence_windows(segments, budget):
+    def sentence_windows(segments: Iterable[Segment], budget: int) -> list[list[Segment]]:
         """Consecutive sentences grouped into lists of at most `budget` pieces together (a longer sentence alone,
         cut to `budget`); sentences without pieces are left out."""
         windows, current, size = [], [], 0
@@ -365,7 +376,7 @@ class Ernie2DataBuilder:
             size += len(current[-1].ids)
         return windows + ([current] if current else [])
 
-    def windows(self, segments, budget):
+    def windows(self, segments: Iterable[Segment], budget: int) -> list[Segment]:
         """`sentence_windows` joined into one `Segment` each."""
         return [functools.reduce(operator.add, window) for window in self.sentence_windows(segments, budget)]
 
@@ -392,14 +403,14 @@ class Ernie2DataBuilder:
 
     # ----- word-aware tasks -----
 
-    def knowledge_masking(self, documents):
+    def knowledge_masking(self, documents: "Dataset") -> "Dataset":
         def make(document, rng, _):
             return [self._example("knowledge_masking", *self.mask(window, rng))
                     for window in self._paragraph_windows(document, self.max_length - 2, spans=True)]
 
         return self._map_documents(documents, "knowledge_masking", make)
 
-    def mask(self, segment, rng):
+    def mask(self, segment: Segment, rng: np.random.Generator) -> tuple[list[int], list[int]]:
         """(masked ids, labels) of one window: whole units until `mask_probability` of the pieces are chosen."""
         in_span = {}
         for start, end in segment.spans:
@@ -426,7 +437,7 @@ class Ernie2DataBuilder:
                 ids[position] = int(rng.choice(self.replacement_ids))
         return ids, labels
 
-    def capitalization(self, documents):
+    def capitalization(self, documents: "Dataset") -> "Dataset":
         def make(document, rng, _):
             examples = []
             for window in self._paragraph_windows(document, self.max_length - 2):
@@ -440,7 +451,7 @@ class Ernie2DataBuilder:
 
         return self._map_documents(documents, "capitalization", make)
 
-    def token_document_relation(self, documents):
+    def token_document_relation(self, documents: "Dataset") -> "Dataset":
         def make(document, rng, _):
             paragraphs = document["paragraphs"]
             groups = paragraphs if len(paragraphs) > 1 else [[sentence] for sentence in paragraphs[0]]
@@ -464,7 +475,7 @@ class Ernie2DataBuilder:
 
     # ----- structure-aware tasks -----
 
-    def sentence_reordering(self, documents):
+    def sentence_reordering(self, documents: "Dataset") -> "Dataset":
         m = self.max_reorder_segments
 
         def make(document, rng, _):
@@ -488,7 +499,7 @@ class Ernie2DataBuilder:
 
         return self._map_documents(documents, "sentence_reordering", make)
 
-    def sentence_distance(self, documents):
+    def sentence_distance(self, documents: "Dataset") -> "Dataset":
         sentences = [[s for paragraph in paragraphs for s in paragraph] for paragraphs in documents["paragraphs"]]
 
         def make(document, rng, index):
@@ -518,7 +529,7 @@ class Ernie2DataBuilder:
 
     # ----- semantic-aware tasks -----
 
-    def labelled_pairs(self, pairs, task):
+    def labelled_pairs(self, pairs: "Dataset", task: str) -> "Dataset":
         """Examples of `task` from a pairs dataset (`load_labelled_pairs`)."""
         def batch(rows):
             return _columns(self._pair_examples(task, rows["sentence1"], rows["sentence2"], rows["label"]))
@@ -535,7 +546,8 @@ class Ernie2DataBuilder:
 
     # ----- all at once -----
 
-    def build(self, documents, tasks=PRETRAINING_TASKS, pairs=None):
+    def build(self, documents: "Dataset", tasks: Iterable[str] = PRETRAINING_TASKS,
+              pairs: Mapping[str, "Dataset"] | None = None) -> "DatasetDict":
         """`datasets.DatasetDict` with the examples of each of `tasks`: the document tasks from `documents`, the pair
         tasks from `pairs` (`{task: load_labelled_pairs(...)}`). A task without examples is an error."""
         from datasets import DatasetDict
@@ -561,9 +573,12 @@ class Ernie2DataBuilder:
         return DatasetDict(built)
 
 
-def pretraining_datasets(tokenizer, config, schedule, documents, pair_files=None, entity_lexicon=None,
-                         phrase_lexicon=None, span_heuristics=True, max_length=128,
-                         mask_probability=MASK_PROBABILITY, seed=0):
+def pretraining_datasets(tokenizer: PreTrainedTokenizerFast, config: Ernie2PreTrainingConfig,
+                         schedule: "ContinualSchedule", documents: "Dataset",
+                         pair_files: Mapping[str, str | Path | None] | None = None,
+                         entity_lexicon: str | Path | None = None, phrase_lexicon: str | Path | None = None,
+                         span_heuristics: bool = True, max_length: int = 128,
+                         mask_probability: float = MASK_PROBABILITY, seed: int = 0) -> "DatasetDict":
     """Every task's examples for a continual pre-training run: from `documents` (`load_documents`), and from files:
     `pair_files` (`{task: path}` of labelled pairs for the pair tasks the `schedule` trains, `load_labelled_pairs`)
     and the optional entity and phrase lexicons (`read_lexicon`) that knowledge masking masks whole, besides the

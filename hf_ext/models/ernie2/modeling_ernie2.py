@@ -12,12 +12,15 @@ never released; these heads and the loss (the plain sum of each task's mean cros
 import dataclasses
 import itertools
 import math
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers import ErnieConfig, ErnieForPreTraining
+from transformers import ErnieConfig, ErnieForMaskedLM, ErnieForPreTraining
 from transformers.models.ernie.modeling_ernie import ErnieModel, ErnieOnlyMLMHead, ErniePreTrainedModel
 from transformers.utils import ModelOutput, can_return_tuple
 
@@ -28,7 +31,7 @@ IGNORE_INDEX = -100
 
 # ----- sentence reordering labels ----------------------------------------------------------------------------------
 
-def sentence_reordering_label(permutation):
+def sentence_reordering_label(permutation: Sequence[int] | torch.Tensor) -> int:
     """The class of a shuffled paragraph. `permutation[i]` is the original index of the segment shown at position i
     (a permutation of 0..n-1). Classes enumerate n = 1, 2, ..., m in turn: the n-segment orders take the classes from
     sum_{j<n} j! on, each at its lexicographic rank among the n! permutations of 0..n-1 (the identity first). So m=3
@@ -45,7 +48,7 @@ def sentence_reordering_label(permutation):
     return offset + rank
 
 
-def sentence_reordering_permutation(label, max_segments):
+def sentence_reordering_permutation(label: int, max_segments: int) -> list[int]:
     """The inverse of `sentence_reordering_label` for paragraphs of at most `max_segments` segments."""
     for n in range(1, max_segments + 1):
         if label < math.factorial(n):
@@ -115,10 +118,10 @@ class Ernie2ForPreTraining(ErniePreTrainedModel):
                                     if task != "knowledge_masking"})
         self.post_init()
 
-    def get_output_embeddings(self):
+    def get_output_embeddings(self) -> nn.Linear:
         return self.cls.predictions.decoder
 
-    def set_output_embeddings(self, new_embeddings):
+    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
         self.cls.predictions.decoder = new_embeddings
         self.cls.predictions.bias = new_embeddings.bias
 
@@ -138,7 +141,7 @@ class Ernie2ForPreTraining(ErniePreTrainedModel):
         sentence_distance_labels: torch.LongTensor | None = None,
         discourse_relation_labels: torch.LongTensor | None = None,
         ir_relevance_labels: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Any,
     ) -> Ernie2PreTrainingOutput:
         outputs = self.ernie(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                              task_type_ids=task_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds,
@@ -161,7 +164,8 @@ class Ernie2ForPreTraining(ErniePreTrainedModel):
     # ----- to and from plain ERNIE folders -----
 
     @classmethod
-    def from_ernie(cls, ernie_model, **config_kwargs):
+    def from_ernie(cls, ernie_model: ErnieForPreTraining | ErnieForMaskedLM, **config_kwargs: Any,
+                   ) -> "Ernie2ForPreTraining":
         """A pre-training model whose encoder and MLM head are those of `ernie_model` (an `ErnieForPreTraining` or
         `ErnieForMaskedLM`, whose missing pooler is then freshly initialised); the task heads are new.
 
@@ -197,13 +201,14 @@ class Ernie2ForPreTraining(ErniePreTrainedModel):
         return model
 
     @classmethod
-    def from_ernie_pretrained(cls, pretrained_model_name_or_path, config_kwargs=None, **kwargs):
+    def from_ernie_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike,
+                              config_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> "Ernie2ForPreTraining":
         """`from_ernie` of `ErnieForPreTraining.from_pretrained(pretrained_model_name_or_path, **kwargs)` (a folder
         written by `hf-ext convert ernie2`, or any ernie repo)."""
         return cls.from_ernie(ErnieForPreTraining.from_pretrained(pretrained_model_name_or_path, **kwargs),
                               **(config_kwargs or {}))
 
-    def to_ernie(self):
+    def to_ernie(self) -> ErnieForPreTraining:
         """The encoder (with its pooler and task embeddings) and the MLM head as transformers' own
         `ErnieForPreTraining`, which needs no remote code. That class also has a next-sentence head, which ERNIE 2.0
         does not train: it is written as zeros (it predicts 50/50)."""
@@ -218,20 +223,20 @@ class Ernie2ForPreTraining(ErniePreTrainedModel):
             model.cls.seq_relationship.bias.zero_()
         return model.eval()
 
-    def save_ernie_pretrained(self, save_directory, **kwargs):
+    def save_ernie_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
         """Save `to_ernie()` to `save_directory` (`save_pretrained` arguments in `kwargs`): a plain `ernie` folder
         that `ErnieForSequenceClassification.from_pretrained` and the other Ernie heads load for fine-tuning."""
         self.to_ernie().save_pretrained(save_directory, **kwargs)
 
 
-def encoder_settings(config):
+def encoder_settings(config: ErnieConfig) -> dict[str, Any]:
     """The `ErnieConfig` fields of `config` (an ERNIE or ERNIE 2.0 pre-training config): the encoder's settings
     without the pre-training tasks'."""
     fields = {field.name for field in dataclasses.fields(ErnieConfig)}
     return {key: value for key, value in config.to_dict().items() if key in fields}
 
 
-def task_loss(logits, labels):
+def task_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
     """Mean cross-entropy over the labelled items (label != -100); `None` when there are none."""
     labels = labels.reshape(-1)
     if not bool((labels != IGNORE_INDEX).any()):

@@ -5,7 +5,9 @@ other than the fixtures' and for the conversion benchmark. Nothing here needs pa
 import json
 import pickle
 import struct
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from transformers import ErnieForPreTraining
@@ -44,14 +46,15 @@ def _varint(value):
             return bytes(out)
 
 
-def lod_tensor_header(shape, dtype_code, lod=()):
+def lod_tensor_header(shape: Sequence[int], dtype_code: int, lod: Sequence[Sequence[int]] = ()) -> bytes:
     """The bytes before the data of a LoDTensor file as Paddle writes it (dims unpacked, one 0x10 tag each)."""
     desc = b"\x08" + _varint(dtype_code) + b"".join(b"\x10" + _varint(d) for d in shape)
     levels = b"".join(struct.pack("<Q", 8 * len(level)) + struct.pack(f"<{len(level)}Q", *level) for level in lod)
     return struct.pack("<IQ", 0, len(lod)) + levels + struct.pack("<Ii", 0, len(desc)) + desc
 
 
-def write_lod_tensor(path, array, dtype_code=None, lod=()):
+def write_lod_tensor(path: str | Path, array: np.ndarray, dtype_code: int | None = None,
+                     lod: Sequence[Sequence[int]] = ()) -> None:
     """`array` as a Paddle LoDTensor file (`dtype_code` overrides the code, e.g. 22 for bf16 bits in uint16)."""
     array = np.ascontiguousarray(array)
     code = DTYPE_CODES[array.dtype] if dtype_code is None else dtype_code
@@ -60,14 +63,14 @@ def write_lod_tensor(path, array, dtype_code=None, lod=()):
         array.tofile(handle)
 
 
-def sample_vocab(min_size=0):
+def sample_vocab(min_size: int = 0) -> list[str]:
     """BERT special tokens, then the bundled sentences' words (and `[unusedN]` fillers up to `min_size`)."""
     words = sorted({w.strip(".,!?;:'\"").lower() for s in bundled_sentences() for w in s.split()} - {""})
     tokens = [*BERT_SPECIAL_TOKENS, *words]
     return tokens + [f"[unused{i}]" for i in range(min_size - len(tokens))]
 
 
-def paddle_shapes(ernie_config):
+def paddle_shapes(ernie_config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """`{static name: Paddle-layout shape}` of every weight of a checkpoint with this `ernie_config.json` dict."""
     config = build_config(ernie_config, STATIC_CONFIG, pad_token_id=0)
     shapes = expected_tensors(empty_model(ErnieForPreTraining, config))
@@ -81,7 +84,8 @@ def paddle_shapes(ernie_config):
     return out
 
 
-def random_weights(ernie_config, seed=0, untied_decoder=False, task_embedding=True):
+def random_weights(ernie_config: dict[str, Any], seed: int = 0, untied_decoder: bool = False,
+                   task_embedding: bool = True) -> dict[str, np.ndarray]:
     """Random float32 weights in Paddle layout under the static names (scales as in the fixtures)."""
     rng = np.random.default_rng(seed)
     shapes = paddle_shapes(ernie_config)
@@ -105,7 +109,7 @@ def random_weights(ernie_config, seed=0, untied_decoder=False, task_embedding=Tr
     return weights
 
 
-def write_vocab(path, tokens, tab_layout=False, seed=0):
+def write_vocab(path: str | Path, tokens: Sequence[str], tab_layout: bool = False, seed: int = 0) -> None:
     """vocab.txt: one token per line, or `token<TAB>id` lines in shuffled order (the ids, not the order, count)."""
     if tab_layout:
         order = np.random.default_rng(seed).permutation(len(tokens))
@@ -115,7 +119,8 @@ def write_vocab(path, tokens, tab_layout=False, seed=0):
     Path(path).write_text(text, encoding="utf-8")
 
 
-def write_static_release(folder, ernie_config, weights, tokens, tab_layout=False):
+def write_static_release(folder: str | Path, ernie_config: dict[str, Any], weights: dict[str, np.ndarray],
+                         tokens: Sequence[str], tab_layout: bool = False) -> Path:
     """A release folder as PaddlePaddle/ERNIE ships it: params/<name>, ernie_config.json, vocab.txt."""
     folder = Path(folder)
     (folder / "params").mkdir(parents=True, exist_ok=True)
@@ -126,7 +131,9 @@ def write_static_release(folder, ernie_config, weights, tokens, tab_layout=False
     return folder
 
 
-def write_paddlenlp_folder(folder, ernie_config, weights, tokens, tab_layout=False, nsp_head=None):
+def write_paddlenlp_folder(folder: str | Path, ernie_config: dict[str, Any], weights: dict[str, np.ndarray],
+                           tokens: Sequence[str], tab_layout: bool = False,
+                           nsp_head: tuple[np.ndarray, np.ndarray] | None = None) -> Path:
     """A PaddleNLP 2.8 `save_pretrained` folder: model_state.pdparams (protocol 4 pickle of numpy arrays, with the
     tied aliases and the bookkeeping key PaddleNLP adds), config.json (PaddleNLP field names), vocab.txt."""
     folder = Path(folder)

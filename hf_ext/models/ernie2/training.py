@@ -16,15 +16,25 @@ states, step, and the sampler's position) and goes on.
 import dataclasses
 import json
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from accelerate.data_loader import prepare_data_loader
 from torch.utils.data import DataLoader, Sampler
-from transformers import DataCollatorWithPadding, Trainer
-from transformers.utils import logging
+from transformers import (
+    DataCollatorWithPadding,
+    EvalPrediction,
+    PreTrainedTokenizerBase,
+    ProcessorMixin,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+from transformers.utils import ModelOutput, logging
 
 from ...errors import HfExtError
 from ...glue import GLUE_LAYOUTS, glue_task, glue_task_spec, read_glue_tsv
@@ -34,6 +44,9 @@ from ...trainer import TermLoggingTrainer, last_complete_checkpoint, send_logs_t
 from . import PRETRAINING_TASKS, Ernie2ForPreTraining
 from .configuration_ernie2 import validate_ernie_encoder
 from .data import Ernie2PreTrainingCollator
+
+if TYPE_CHECKING:  # datasets is imported only when data is read
+    from datasets import Dataset
 
 logger = logging.get_logger(__name__)
 
@@ -52,7 +65,7 @@ class Stage:
     name: str | None = None
 
     @property
-    def total_steps(self):
+    def total_steps(self) -> int:
         return sum(self.steps.values())
 
 
@@ -73,7 +86,7 @@ class ContinualSchedule:
     stages: tuple
 
     @classmethod
-    def from_dict(cls, data, where="schedule"):
+    def from_dict(cls, data: dict[str, Any], where: str = "schedule") -> "ContinualSchedule":
         if not isinstance(data, dict) or set(data) != {"stages"} or not isinstance(data["stages"], list) \
                 or not data["stages"]:
             raise HfExtError(f"{where}: a schedule is a mapping with one key, `stages`: a non-empty list of stages")
@@ -97,7 +110,7 @@ class ContinualSchedule:
         return cls(tuple(stages))
 
     @classmethod
-    def from_file(cls, path):
+    def from_file(cls, path: str | Path) -> "ContinualSchedule":
         """A schedule from a YAML or JSON file (JSON is YAML)."""
         import yaml
 
@@ -110,12 +123,12 @@ class ContinualSchedule:
             raise HfExtError(f"schedule file {path} is not YAML/JSON: {str(error).splitlines()[0]}") from None
         return cls.from_dict(data, str(path))
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, list[dict[str, Any]]]:
         return {"stages": [{**({"name": stage.name} if stage.name else {}), "steps": dict(stage.steps)}
                            for stage in self.stages]}
 
     @property
-    def tasks(self):
+    def tasks(self) -> list[str]:
         """Every task the schedule trains, in order of first appearance."""
         return list(dict.fromkeys(task for stage in self.stages for task in stage.steps))
 
@@ -169,7 +182,7 @@ class StageBatchSampler(Sampler):
         self.rank = rank
         self.world_size = world_size
 
-    def task_order(self, rng):
+    def task_order(self, rng: np.random.Generator) -> list[str]:
         tasks = list(self.steps)
         counts = [self.steps[task] * self.batches_per_step for task in tasks]
         return [tasks[i] for i in rng.permutation(np.repeat(np.arange(len(tasks)), counts))]
@@ -228,7 +241,7 @@ class Ernie2PreTrainer(TermLoggingTrainer):
         self.stage = stage
         self.stage_index = stage_index
 
-    def get_train_dataloader(self):
+    def get_train_dataloader(self) -> DataLoader:
         args = self.args
         seed = args.data_seed if args.data_seed is not None else args.seed
         sampler = StageBatchSampler(self.task_rows, self.stage.steps, self._train_batch_size * args.world_size,
@@ -239,7 +252,9 @@ class Ernie2PreTrainer(TermLoggingTrainer):
         # the sampler already gives each process its share of the batch: accelerate must not shard it again
         return prepare_data_loader(loader, device=args.device, num_processes=1, process_index=0, put_on_device=True)
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+    def compute_loss(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
+                     num_items_in_batch: torch.Tensor | int | None = None,
+                     ) -> torch.Tensor | tuple[torch.Tensor, ModelOutput]:
         outputs = model(**inputs)
         if model.training:
             for task in PRETRAINING_TASKS:
@@ -247,7 +262,7 @@ class Ernie2PreTrainer(TermLoggingTrainer):
                     self.record_term(model, f"loss_{task}", outputs[f"{task}_loss"])
         return (outputs.loss, outputs) if return_outputs else outputs.loss
 
-    def log(self, logs, start_time=None):
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:
             logs["stage"] = self.stage_index + 1
         super().log(logs, start_time)
@@ -255,8 +270,12 @@ class Ernie2PreTrainer(TermLoggingTrainer):
 
 # ----- the continual run -------------------------------------------------------------------------------------------
 
-def continual_pretraining(model, schedule, datasets, args, processing_class=None, data_collator=None, callbacks=None,
-                          log_to_stderr=False):
+def continual_pretraining(model: Ernie2ForPreTraining, schedule: ContinualSchedule, datasets: Mapping[str, "Dataset"],
+                          args: TrainingArguments,
+                          processing_class: PreTrainedTokenizerBase | ProcessorMixin | None = None,
+                          data_collator: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]] | None = None,
+                          callbacks: list[TrainerCallback] | None = None, log_to_stderr: bool = False,
+                          ) -> tuple[Ernie2ForPreTraining, list[list[dict[str, float]]]]:
     """Run (or resume) `schedule` on `model` (an `Ernie2ForPreTraining`) from the `datasets` `{task: examples}`.
 
     `args` (`TrainingArguments`) apply to every stage; `output_dir` is the run's folder (layout in the module
@@ -317,7 +336,8 @@ def _record_schedule(out, schedule):
     os.replace(partial, path)
 
 
-def load_pretraining_model(name_or_path, config_kwargs=None, **kwargs):
+def load_pretraining_model(name_or_path: str | Path, config_kwargs: dict[str, Any] | None = None, **kwargs: Any,
+                           ) -> Ernie2ForPreTraining:
     """An `Ernie2ForPreTraining` from an ERNIE 2.0 pre-training folder (`from_pretrained`) or from a plain `ernie`
     folder or repo, such as `hf-ext convert ernie2` writes (`from_ernie_pretrained` with `config_kwargs`)."""
     from transformers import AutoConfig
@@ -340,7 +360,8 @@ def load_pretraining_model(name_or_path, config_kwargs=None, **kwargs):
 
 # ----- GLUE fine-tuning --------------------------------------------------------------------------------------------
 
-def load_glue_dataset(path, task, tokenizer, max_length=128):
+def load_glue_dataset(path: str | Path, task: str, tokenizer: PreTrainedTokenizerBase, max_length: int = 128,
+                      ) -> "Dataset":
     """A GLUE TSV file in the task's own layout as a tokenized `datasets.Dataset` (`input_ids`, `token_type_ids`,
     `attention_mask`, and `labels` when the file has them: class ids in the order of the layout's label names, or
     float scores for STS-B)."""
@@ -360,7 +381,7 @@ class TaskIdCollator(DataCollatorWithPadding):
         return batch
 
 
-def glue_metrics(task):
+def glue_metrics(task: str) -> Callable[[EvalPrediction], dict[str, float]]:
     """`compute_metrics` for `Trainer`: the task's GLUE metrics (the offline `glue` evaluate module) of the
     predictions (argmax of the logits, or the score for STS-B)."""
     key = glue_task(task)
@@ -375,8 +396,10 @@ def glue_metrics(task):
     return compute
 
 
-def finetune_glue(model_name_or_path, task, train_file, args, eval_file=None, task_id=0, max_length=128,
-                  callbacks=None, log_to_stderr=False, trust_remote_code=None):
+def finetune_glue(model_name_or_path: str | Path, task: str, train_file: str | Path, args: TrainingArguments,
+                  eval_file: str | Path | None = None, task_id: int = 0, max_length: int = 128,
+                  callbacks: list[TrainerCallback] | None = None, log_to_stderr: bool = False,
+                  trust_remote_code: bool | None = None) -> tuple[Trainer, dict[str, float]]:
     """Fine-tune a plain `ernie` folder (converted, or exported from pre-training) on a GLUE task with `Trainer` and
     transformers' `ErnieForSequenceClassification`, feeding `task_id` as every token's task id. Returns the trainer
     (`trainer.save_model(folder)` saves the model and tokenizer) and the metrics of `eval_file` (`eval_<metric>`)

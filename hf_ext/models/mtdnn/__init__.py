@@ -16,14 +16,12 @@ AUTO_CLASSES = {"AutoModel": MTDNNModel, "AutoModelForSequenceClassification": M
 AUTO_MAP = auto_map(MTDNNConfig, AUTO_CLASSES)
 
 TOP_LEVEL = ["MTDNNConfig", "MTDNNForSequenceClassification", "MTDNNModel"]  # re-exported by hf_ext
-APP_MODEL_TYPES = (MTDNNConfig.model_type,)  # served by this package's app.py (`hf-ext serve`)
-
 
 def register() -> None:
     """Register the model with transformers' Auto classes (done by `import hf_ext`)."""
     register_auto_classes(MTDNNConfig, AUTO_CLASSES)
 
 
-__all__ = ["APP_MODEL_TYPES", "AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "MTDNNConfig", "MTDNNForSequenceClassification",
+__all__ = ["AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "MTDNNConfig", "MTDNNForSequenceClassification",
            "MTDNNModel", "MTDNNOutput", "MTDNNPreTrainedModel", "MTDNNSANStates", "premise_hypothesis_masks",
            "register", "task_loss"]

@@ -1,9 +1,11 @@
 """The MT-DNN app of `hf-ext serve`: a sentence or a sentence pair through every task head at once, each head's
 prediction with its probabilities (classification) or its score (regression, ranking).
 
-The API name (gradio_client): `predict`. Needs gradio (`hf-ext[app]`); not imported by the package."""
+The API name (gradio_client): `predict`. Needs gradio (`hf-ext[app]`), which `build_app`
+imports; not imported by the package."""
 
-import gradio as gr
+from typing import TYPE_CHECKING
+
 import torch
 
 from ...errors import HfExtError, load_config, loading
@@ -11,11 +13,19 @@ from ...serve import MAX_TEXT_CHARS, checked_text, user_errors
 from . import MTDNNConfig
 from .configuration_mtdnn import PAIR_FORMATS
 
+if TYPE_CHECKING:  # gradio is optional
+    import gradio as gr
+    from transformers import PreTrainedTokenizerBase
+
+    from . import MTDNNModel
+
+MODEL_TYPES = ("mt-dnn",)  # the model types this app serves
+
 
 class MTDNNApp:
     """The app's functions over one multi-task model and its tokenizer."""
 
-    def __init__(self, model, tokenizer):
+    def __init__(self, model: "MTDNNModel", tokenizer: "PreTrainedTokenizerBase") -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
 
@@ -62,8 +72,9 @@ class MTDNNApp:
         return views
 
 
-def build_app(source: str, trust_remote_code: bool | None = None) -> gr.Blocks:
+def build_app(source: str, trust_remote_code: bool | None = None) -> "gr.Blocks":
     """The multi-task predictor of the MT-DNN model in `source` (a folder or Hub repo id)."""
+    import gradio as gr
     from transformers import AutoModel, AutoTokenizer
 
     load_config(source, MTDNNConfig.model_type, "an MT-DNN model", trust_remote_code)

@@ -4,6 +4,8 @@ import math
 import numbers
 import os
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from torch import nn
 from transformers import BertConfig, PretrainedConfig
@@ -76,7 +78,7 @@ class MTDNNConfig(PretrainedConfig):
         super().__init__(**kwargs)
         self.validate_mtdnn()
 
-    def validate_mtdnn(self):
+    def validate_mtdnn(self) -> None:
         """Raise `ValueError` with one clear line for a configuration the model cannot run."""
         _check_encoder(self.encoder)
         names = [task["name"] for task in self.tasks]
@@ -86,16 +88,16 @@ class MTDNNConfig(PretrainedConfig):
         if self.default_task is not None and self.default_task not in names:
             raise ValueError(f"default_task {self.default_task!r} is not one of the tasks ({', '.join(names)})")
 
-    def get_text_config(self, decoder=None, encoder=None) -> BertConfig:
+    def get_text_config(self, decoder: bool | None = None, encoder: bool | None = None) -> BertConfig:
         """The BERT encoder's config, for both ends: it holds the vocabulary, so that `resize_token_embeddings`
         updates the `vocab_size` the encoder is rebuilt from."""
         return self.encoder
 
     @property
-    def task_names(self):
+    def task_names(self) -> list[str]:
         return [task["name"] for task in self.tasks]
 
-    def task_index(self, task):
+    def task_index(self, task: str | int) -> int:
         """Index of a task given by name or index; `ValueError` for an unknown one."""
         if isinstance(task, bool) or not isinstance(task, (numbers.Integral, str)):
             raise ValueError(f"task must be a task name or index, got {type(task).__name__}")
@@ -107,12 +109,14 @@ class MTDNNConfig(PretrainedConfig):
             raise ValueError(f"unknown task {task!r}; the model's tasks are {', '.join(self.task_names) or 'none'}")
         return self.task_names.index(task)
 
-    def task(self, task):
+    def task(self, task: str | int) -> dict[str, Any]:
         """The task's settings (a dict, see the class docstring) by name or index."""
         return self.tasks[self.task_index(task)]
 
     @classmethod
-    def from_task_defs(cls, task_defs, encoder_config, task_names=None, san=None, group_sizes=None, **kwargs):
+    def from_task_defs(cls, task_defs: dict[str, dict[str, Any]], encoder_config: BertConfig | dict[str, Any],
+                       task_names: list[str] | None = None, san: dict[str, Any] | None = None,
+                       group_sizes: Mapping[str, int] | None = None, **kwargs: Any) -> "MTDNNConfig":
         r"""
         Build the config from task definitions in the original's format (`{name: {task_type, n_class, data_format,
         enable_san, dropout_p, labels, metric_meta, loss, kd_loss, ...}}`, i.e. a parsed `glue_task_def.yml`).
@@ -140,7 +144,9 @@ class MTDNNConfig(PretrainedConfig):
         return cls(encoder=encoder_config, tasks=tasks, **kwargs)
 
     @classmethod
-    def from_task_def_yaml(cls, path_or_text, encoder_config, task_names=None, san=None, group_sizes=None, **kwargs):
+    def from_task_def_yaml(cls, path_or_text: str | os.PathLike, encoder_config: BertConfig | dict[str, Any],
+                           task_names: list[str] | None = None, san: dict[str, Any] | None = None,
+                           group_sizes: Mapping[str, int] | None = None, **kwargs: Any) -> "MTDNNConfig":
         """`from_task_defs` on a task-definition YAML file (the original's `glue_task_def.yml` format) or its text."""
         import yaml
 
@@ -161,7 +167,8 @@ class MTDNNConfig(PretrainedConfig):
         return cls.from_task_defs(task_defs, encoder_config, task_names, san, group_sizes, **kwargs)
 
 
-def task_from_original(name, definition, san=None, group_size=None):
+def task_from_original(name: str, definition: dict[str, Any], san: dict[str, Any] | None = None,
+                       group_size: int | None = None) -> dict[str, Any]:
     """One task of the original's task-definition format, as a task of `MTDNNConfig.tasks`."""
     if not isinstance(definition, dict):
         raise ValueError(f"task {name}: the definition must be a mapping, got {type(definition).__name__}")
@@ -203,7 +210,7 @@ def task_from_original(name, definition, san=None, group_size=None):
     return normalize_task({k: v for k, v in task.items() if v is not None})
 
 
-def normalize_task(task):
+def normalize_task(task: dict[str, Any]) -> dict[str, Any]:
     """A task of `MTDNNConfig.tasks` with its defaults filled in; `ValueError` naming the task for a bad setting."""
     if not isinstance(task, dict):
         raise ValueError(f"each task must be a dict, got {type(task).__name__}")

@@ -14,11 +14,13 @@ import collections
 import enum
 import pickle
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
-from transformers import AutoTokenizer, BertConfig
+from transformers import AutoTokenizer, BertConfig, PreTrainedTokenizerBase
 from transformers.utils import logging
 
 from ...checkpoints import safe_torch_load
@@ -131,7 +133,7 @@ ORIGINAL_ENUMS = {
 }
 
 
-def original_enum_member(enum_class, name):
+def original_enum_member(enum_class: type[enum.IntEnum], name: str) -> enum.IntEnum:
     """Stand-in for `builtins.getattr` in the pickle: only looks up members of the enum stand-ins by name."""
     if enum_class not in ORIGINAL_ENUMS.values():
         raise pickle.UnpicklingError(f"GLOBAL builtins.getattr on {type(enum_class).__name__} (only enum members "
@@ -154,7 +156,7 @@ class OriginalVocabulary:
     """Stand-in for `data_utils.vocab.Vocabulary`: only receives its attributes (`tok2ind`, `ind2tok`, `neat`)."""
 
 
-def vocabulary_labels(vocabulary):
+def vocabulary_labels(vocabulary: OriginalVocabulary) -> list[str]:
     """The label names of an `OriginalVocabulary`, in id order."""
     index = vars(vocabulary).get("ind2tok")
     if not isinstance(index, dict) or not all(isinstance(k, int) and isinstance(v, str) for k, v in index.items()):
@@ -162,7 +164,7 @@ def vocabulary_labels(vocabulary):
     return [label for _, label in sorted(index.items())]
 
 
-def original_globals():
+def original_globals() -> list[tuple[object, str]]:
     """The stand-ins as `(object, "original.module.Name")` pairs for `safe_torch_load(extra_globals=...)`."""
     return [*((stand_in, path) for path, stand_in in ORIGINAL_ENUMS.items()),
             (original_enum_member, "builtins.getattr"),
@@ -170,7 +172,7 @@ def original_globals():
             (OriginalVocabulary, "data_utils.vocab.Vocabulary")]
 
 
-def read_checkpoint(path):
+def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The original checkpoint's `(state, opt)`, read without executing anything."""
     logger.info(f"reading {path}")
     checkpoint = safe_torch_load(path, "checkpoint", extra_globals=original_globals())
@@ -187,7 +189,7 @@ def read_checkpoint(path):
     return state, opt
 
 
-def head_indices(state, path):
+def head_indices(state: dict[str, torch.Tensor], path: str | Path) -> list[int]:
     """The task ids that have weights (`scoring_list.<i>.*`), checked to be 0..n-1."""
     indices = sorted({int(m.group(1)) for m in map(HEAD_KEY.match, state) if m})
     if not indices:
@@ -204,7 +206,8 @@ def _enum_name(value):
     return value.name if isinstance(value, enum.Enum) else value
 
 
-def task_defs_from_checkpoint(opt, names, path):
+def task_defs_from_checkpoint(opt: dict[str, Any], names: list[str], path: str | Path,
+                              ) -> dict[str, dict[str, Any]]:
     """`opt["task_def_list"]` as task definitions in the YAML format, keyed by task name."""
     entries = opt.get("task_def_list")
     if not isinstance(entries, list) or not entries:
@@ -239,7 +242,7 @@ def task_defs_from_checkpoint(opt, names, path):
     return task_defs
 
 
-def train_task_names(opt):
+def train_task_names(opt: dict[str, Any]) -> list[str] | None:
     """The tasks' names in task-id order: the prefixes of train.py's `--train_datasets`, as train.py derives them;
     None when the options do not list them."""
     datasets = opt.get("train_datasets")
@@ -248,7 +251,7 @@ def train_task_names(opt):
     return list(dict.fromkeys(str(dataset).split("_")[0] for dataset in datasets))
 
 
-def encoder_config(opt, path):
+def encoder_config(opt: dict[str, Any], path: str | Path) -> BertConfig:
     """The BERT config train.py merged flat into `opt`; only BERT encoders are supported."""
     encoder_type = opt.get("encoder_type", OriginalEncoderModelType.BERT)
     if int(encoder_type) != OriginalEncoderModelType.BERT:
@@ -266,14 +269,14 @@ def encoder_config(opt, path):
     return encoder
 
 
-def san_settings(opt):
+def san_settings(opt: dict[str, Any]) -> dict[str, Any]:
     """train.py's `answer_*` options as `MTDNNConfig` SAN settings (its defaults where absent)."""
     return {"num_turns": opt.get("answer_num_turn", 5), "memory_type": opt.get("answer_mem_type", 1),
             "memory_dropout": opt.get("answer_mem_drop_p", 0.1), "merge_opt": opt.get("answer_merge_opt", 1),
             "rnn_type": opt.get("answer_rnn_type", "gru")}
 
 
-def check_san_options(opt, path):
+def check_san_options(opt: dict[str, Any], path: str | Path) -> None:
     """Refuse SAN variants the port does not implement (their weights differ, or the original crashes on them)."""
     unsupported = [(name, opt.get(name), ok) for name, ok in (("answer_att_type", "bilinear"),
                                                                ("answer_weight_norm_on", False))
@@ -285,7 +288,9 @@ def check_san_options(opt, path):
             f"{name}={value!r} (supported: {ok!r})" for name, value, ok in unsupported))
 
 
-def build_config(state, opt, path, task_def=None, group_sizes=None, default_task=None):
+def build_config(state: dict[str, torch.Tensor], opt: dict[str, Any], path: str | Path,
+                 task_def: str | Path | None = None, group_sizes: Mapping[str, int] | None = None,
+                 default_task: str | None = None) -> MTDNNConfig:
     """The `MTDNNConfig` of an original checkpoint; the task definitions from `task_def` (YAML) when given."""
     count = len(head_indices(state, path))
     names = train_task_names(opt)
@@ -313,7 +318,8 @@ def build_config(state, opt, path, task_def=None, group_sizes=None, default_task
     return config
 
 
-def convert_state_dict(state, config):
+def convert_state_dict(state: dict[str, torch.Tensor], config: MTDNNConfig,
+                       ) -> tuple[dict[str, torch.Tensor], list[str]]:
     """Original keys -> `MTDNNModel` keys; returns `(state_dict, dropped_keys)`. Checks each head against its task's
     head type and label count first."""
     converted, dropped = {}, []
@@ -350,7 +356,7 @@ def convert_state_dict(state, config):
     return converted, dropped
 
 
-def load_tokenizer(name_or_path, vocab_size):
+def load_tokenizer(name_or_path: str | Path, vocab_size: int) -> PreTrainedTokenizerBase:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
     except (OSError, ValueError) as error:
@@ -361,7 +367,7 @@ def load_tokenizer(name_or_path, vocab_size):
     return tokenizer
 
 
-def reference_errors(model, reference):
+def reference_errors(model: MTDNNModel, reference: dict[str, torch.Tensor]) -> dict[str, float]:
     """Max abs error of the converted model against outputs of the original, per task found in `reference`
     (tensors named `<task>.input_ids`, `.token_type_ids`, `.attention_mask`, optionally `.premise_mask` and
     `.hypothesis_mask`, and outputs `.logits`, `.all_hidden_states`, `.group_scores`, `.san_*`). Masked (-inf)
@@ -390,7 +396,7 @@ def reference_errors(model, reference):
     return errors
 
 
-def max_abs_error(value, expected):
+def max_abs_error(value: torch.Tensor, expected: torch.Tensor) -> float:
     """Max abs difference; infinite when shapes or the positions of infinities differ."""
     if value.shape != expected.shape or not torch.equal(value.isinf(), expected.isinf()):
         return float("inf")
@@ -398,8 +404,11 @@ def max_abs_error(value, expected):
     return (value[finite] - expected[finite]).abs().max().item() if finite.any() else 0.0
 
 
-def convert_mtdnn_checkpoint(checkpoint, out, *, task_def=None, group_sizes=None, default_task=None, tokenizer=None,
-                             reference=None, overwrite=False, push_to_hub=None, private=False, token=None):
+def convert_mtdnn_checkpoint(checkpoint: str | Path, out: str | Path, *, task_def: str | Path | None = None,
+                             group_sizes: Mapping[str, int] | None = None, default_task: str | None = None,
+                             tokenizer: str | Path | None = None, reference: str | Path | None = None,
+                             overwrite: bool = False, push_to_hub: str | None = None, private: bool = False,
+                             token: str | None = None) -> dict[str, float]:
     """Convert an original MT-DNN checkpoint into a model folder at `out` (written atomically), with a model card
     that records the source, the tasks and the parity measured; optionally push it. Returns the parity errors."""
     from ... import __version__
@@ -459,7 +468,7 @@ CONVERT_NAME = "mtdnn"  # hf-ext convert mtdnn
 CONVERT_SUMMARY = "original MT-DNN checkpoints (namisan/mt-dnn)"
 
 
-def add_arguments(parser):
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`hf-ext convert mtdnn` arguments (also used by conversion/convert_mtdnn_original_checkpoint.py)."""
     parser.add_argument("checkpoint", type=Path, help="the original checkpoint (model_N.pt, saved by MTDNNModel.save)")
     parser.add_argument("out", help="folder to write (must not exist unless --overwrite)")
@@ -473,7 +482,7 @@ def add_arguments(parser):
     add_output_arguments(parser)
 
 
-def run(args):
+def run(args: argparse.Namespace) -> None:
     parity = convert_mtdnn_checkpoint(
         args.checkpoint, args.out, task_def=args.task_def, group_sizes=dict(args.group_size or []),
         default_task=args.default_task, tokenizer=args.tokenizer, reference=args.reference, overwrite=args.overwrite,

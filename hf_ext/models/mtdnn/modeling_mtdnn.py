@@ -12,7 +12,9 @@ loss is a cross-entropy over each group of K rows (the original's RankCeCriterio
 """
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -71,7 +73,8 @@ class MTDNNOutput(ModelOutput):
     san_states: MTDNNSANStates | None = None
 
 
-def premise_hypothesis_masks(token_type_ids, attention_mask):
+def premise_hypothesis_masks(token_type_ids: torch.Tensor, attention_mask: torch.Tensor,
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """The SAN masks (bool, True = excluded) as the original's collater builds them for right-padded pairs: the
     premise is `[CLS] premise [SEP]` (segment 0), the hypothesis `hypothesis [SEP]` (segment 1); padding is in
     neither. Reading the segment of each token also keeps left-padded batches right."""
@@ -80,7 +83,7 @@ def premise_hypothesis_masks(token_type_ids, attention_mask):
     return ~(real & ~hypothesis), ~(real & hypothesis)
 
 
-def variational_dropout(x, p, training):
+def variational_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """The original's DropoutWrapper on a (B, L, H) sequence: one mask per example and feature, shared over L."""
     if not training or p == 0:
         return x
@@ -166,7 +169,8 @@ class MTDNNSANHead(nn.Module):
         return probs.mean(1).log()
 
 
-def task_loss(task, logits, labels, group_size):
+def task_loss(task: dict[str, Any], logits: torch.Tensor, labels: torch.Tensor, group_size: int | None,
+              ) -> torch.Tensor:
     """The original's loss for the task's type: CeCriterion, MseCriterion or RankCeCriterion (over groups of K)."""
     if task["type"] == "regression":
         return F.mse_loss(logits.view(-1), labels.view(-1).to(logits.dtype))
@@ -221,13 +225,13 @@ class MTDNNModel(MTDNNPreTrainedModel):
         })
         self.post_init()
 
-    def get_input_embeddings(self):
+    def get_input_embeddings(self) -> nn.Embedding:
         return self.bert.embeddings.word_embeddings
 
-    def set_input_embeddings(self, value):
+    def set_input_embeddings(self, value: nn.Module) -> None:
         self.bert.embeddings.word_embeddings = value
 
-    def resolve_task(self, task):
+    def resolve_task(self, task: str | int | torch.Tensor | Sequence[str | int] | None) -> dict[str, Any]:
         """A batch's task (name, index, or a tensor/list of one repeated id or name) -> the task's settings."""
         if task is None:
             if self.config.default_task is None and len(self.config.tasks) > 1:
@@ -240,6 +244,27 @@ class MTDNNModel(MTDNNPreTrainedModel):
                 raise ValueError(f"a batch holds one task, this one mixes tasks {sorted(set(task))}")
             task = task[0]
         return self.config.task(task)
+
+    def head_logits(self, task: str | int, sequence_output: torch.Tensor, token_type_ids: torch.LongTensor,
+                    attention_mask: torch.LongTensor, premise_mask: torch.BoolTensor | None = None,
+                    hypothesis_mask: torch.BoolTensor | None = None, output_san_states: bool = False,
+                    ) -> tuple[torch.Tensor, MTDNNSANStates | None]:
+        """The logits of one task's head on the encoder's output (a SAN head derives its premise and hypothesis
+        masks from the segment ids and the attention mask when they are not given) and a SAN head's states."""
+        spec = self.config.task(task)
+        head = self.heads[spec["name"]]
+        if spec["head"] != "san":
+            return head(sequence_output), None
+        derived = premise_hypothesis_masks(token_type_ids, attention_mask)
+        premise_mask = derived[0] if premise_mask is None else premise_mask
+        hypothesis_mask = derived[1] if hypothesis_mask is None else hypothesis_mask
+        if not torch.compiler.is_exporting():  # a data-dependent check, which an exported graph cannot hold
+            empty = premise_mask.all(1) | hypothesis_mask.all(1)
+            if empty.any():
+                raise ValueError(f"task {spec['name']} (SAN head) reads sentence pairs, but row "
+                                 f"{empty.nonzero()[0].item()} has no premise or no hypothesis token (check "
+                                 "token_type_ids, attention_mask and the premise/hypothesis masks)")
+        return head(sequence_output, premise_mask, hypothesis_mask, output_states=output_san_states)
 
     @can_return_tuple
     def forward(
@@ -257,7 +282,7 @@ class MTDNNModel(MTDNNPreTrainedModel):
         output_san_states: bool = False,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        **kwargs,
+        **kwargs: Any,
     ) -> MTDNNOutput:
         r"""
         task (`str`, `int` or `torch.Tensor`): the batch's task, by name or index (see `resolve_task`).
@@ -289,22 +314,8 @@ class MTDNNModel(MTDNNPreTrainedModel):
                                     output_hidden_states=(self.config.output_hidden_states
                                                           if output_hidden_states is None else output_hidden_states),
                                     **kwargs)
-        sequence_output = encoder_outputs.last_hidden_state
-        head = self.heads[spec["name"]]
-        san_states = None
-        if spec["head"] == "san":
-            derived = premise_hypothesis_masks(token_type_ids, attention_mask)
-            premise_mask = derived[0] if premise_mask is None else premise_mask
-            hypothesis_mask = derived[1] if hypothesis_mask is None else hypothesis_mask
-            empty = premise_mask.all(1) | hypothesis_mask.all(1)
-            if empty.any():
-                raise ValueError(f"task {spec['name']} (SAN head) reads sentence pairs, but row "
-                                 f"{empty.nonzero()[0].item()} has no premise or no hypothesis token (check "
-                                 "token_type_ids, attention_mask and the premise/hypothesis masks)")
-            logits, san_states = head(sequence_output, premise_mask, hypothesis_mask, output_states=output_san_states)
-        else:
-            logits = head(sequence_output)
-
+        logits, san_states = self.head_logits(spec["name"], encoder_outputs.last_hidden_state, token_type_ids,
+                                              attention_mask, premise_mask, hypothesis_mask, output_san_states)
         group_logits = None
         if spec["type"] == "ranking":
             group_size = group_size or spec["group_size"]
@@ -349,7 +360,7 @@ class MTDNNForSequenceClassification(MTDNNModel):
         inputs_embeds: torch.FloatTensor | None = None,
         premise_mask: torch.BoolTensor | None = None,
         hypothesis_mask: torch.BoolTensor | None = None,
-        **kwargs,
+        **kwargs: Any,
     ) -> SequenceClassifierOutput:
         outputs = super().forward(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
                                   task=self.task, premise_mask=premise_mask, hypothesis_mask=hypothesis_mask,

@@ -12,15 +12,19 @@ probabilities).
 import bisect
 import itertools
 import random
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from accelerate.data_loader import prepare_data_loader
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
-from transformers.utils import logging
+from transformers import PreTrainedTokenizerBase, TrainingArguments
+from transformers.trainer_utils import EvalLoopOutput
+from transformers.utils import ModelOutput, logging
 
 from ...errors import HfExtError
 from ...glue import read_glue_tsv
@@ -28,6 +32,12 @@ from ...lora import unwrap
 from ...metrics import load_metric
 from ...text_files import json_lines
 from ...trainer import TermLoggingTrainer, send_logs_to_stderr, training_arguments
+from .configuration_mtdnn import MTDNNConfig
+from .modeling_mtdnn import MTDNNModel, MTDNNOutput
+
+if TYPE_CHECKING:  # datasets and peft are imported only when used
+    from datasets import Dataset
+    from peft import PeftModel
 
 logger = logging.get_logger(__name__)
 
@@ -42,7 +52,8 @@ def _task(config, task):
     return spec, config.task_index(spec["name"])
 
 
-def load_glue_tsv(path, config, task, tokenizer, max_length=512, layout=None):
+def load_glue_tsv(path: str | Path, config: MTDNNConfig, task: str | int, tokenizer: PreTrainedTokenizerBase,
+                  max_length: int = 512, layout: str | None = None) -> "Dataset":
     """A GLUE-format TSV file as a tokenized `datasets.Dataset` for one task of an MT-DNN model: `read_glue_tsv`
     (`hf_ext.glue`) with the task's description from `config` (`task` is its name or index), plus the `task`
     column (the task's index)."""
@@ -51,7 +62,8 @@ def load_glue_tsv(path, config, task, tokenizer, max_length=512, layout=None):
     return dataset.add_column("task", [index] * len(dataset))
 
 
-def load_mtdnn_json(path, config, task, max_length=None):
+def load_mtdnn_json(path: str | Path, config: MTDNNConfig, task: str | int, max_length: int | None = None,
+                    ) -> "Dataset":
     """The original's preprocessed JSON lines (`prepro_std.py`: `uid`, `label`, `token_id`, `type_id`, optional
     `attention_mask` and `softlabel`) as a `datasets.Dataset` for one task of an MT-DNN model.
 
@@ -143,14 +155,16 @@ def _soft_label(value, spec, where):
     return [float(v) for v in value]
 
 
-def soft_label_width(spec):
+def soft_label_width(spec: dict[str, Any]) -> int:
     """Numbers per soft target: class probabilities, candidate probabilities (ranking) or one score (regression)."""
     if spec["type"] == "ranking":
         return spec["group_size"]
     return spec["num_labels"]  # 1 for regression
 
 
-def load_task_file(path, config, task, tokenizer=None, max_length=512, layout=None):
+def load_task_file(path: str | Path, config: MTDNNConfig, task: str | int,
+                   tokenizer: PreTrainedTokenizerBase | None = None, max_length: int = 512,
+                   layout: str | None = None) -> "Dataset":
     """`load_glue_tsv` for `.tsv` files, `load_mtdnn_json` (already tokenized) for `.json`/`.jsonl` files."""
     suffix = Path(path).suffix.lower()
     if suffix == ".tsv":
@@ -227,7 +241,7 @@ class MultiTaskDataset(torch.utils.data.Dataset):
     def __len__(self):
         return self.offsets[-1]
 
-    def locate(self, index):
+    def locate(self, index: int) -> tuple[int, int]:
         """(dataset position, row) of a flat index."""
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} is out of range for {len(self)} rows")
@@ -249,7 +263,8 @@ class MultiTaskDataset(torch.utils.data.Dataset):
 # ----- the original's task mixing ---------------------------------------------------------------------------------
 
 
-def mixed_task_order(batches_per_task, mix_opt, ratio, py_random, np_random):
+def mixed_task_order(batches_per_task: Sequence[int], mix_opt: int, ratio: float, py_random: random.Random,
+                     np_random: np.random.RandomState) -> list[int]:
     """The task of every batch of one epoch, as the original's `MultiTaskBatchSampler._gen_task_indices` with
     `random`/`numpy.random` replaced by the given generators (same calls, same order, so the same result):
 
@@ -332,13 +347,13 @@ class MultiTaskBatchSampler(torch.utils.data.Sampler):
         self._orders = []
 
     @property
-    def batches_per_task(self):
+    def batches_per_task(self) -> list[int]:
         return [len(chunks) for chunks in self.chunks]
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def task_order(self, epoch):
+    def task_order(self, epoch: int) -> list[int]:
         """The task position of every batch of `epoch`."""
         while len(self._orders) <= epoch:
             py_random, np_random = self._generators[-1]
@@ -377,7 +392,8 @@ KD_LOSSES = ("soft_ce", "mse")
 OPTIMIZERS = ("adamw", "adamax")  # Trainer's default, and the original's (train.py --optimizer adamax)
 
 
-def distillation_loss(spec, outputs, soft_labels, kd_loss="soft_ce"):
+def distillation_loss(spec: dict[str, Any], outputs: MTDNNOutput, soft_labels: torch.Tensor, kd_loss: str = "soft_ce",
+                      ) -> torch.Tensor:
     """The distillation term of a batch of task `spec`: soft cross-entropy between the soft targets and the model's
     distribution (MT-DNN-KD), or the original's `MseCriterion` between the head's output and the soft targets.
     Ranking compares the candidate distribution of each group; regression is always the squared error to the
@@ -396,7 +412,7 @@ def _glue_metric(config_name):
     return load_metric("glue", config_name=config_name)
 
 
-def task_metric_names(spec):
+def task_metric_names(spec: dict[str, Any]) -> list[str]:
     """The GLUE metric names (`accuracy`, `f1`, ...) of a task, from its `metrics` (the original's names)."""
     from ...metrics.glue.glue import metric_names  # plain functions; the evaluate module is loaded by path
 
@@ -406,7 +422,7 @@ def task_metric_names(spec):
         raise ValueError(f"task {spec['name']}: {error}") from None
 
 
-def task_predictions(spec, predictions):
+def task_predictions(spec: dict[str, Any], predictions: np.ndarray | Sequence[np.ndarray]) -> np.ndarray:
     """A task's predictions from the gathered head outputs of an evaluation: class ids, scores, or for ranking the
     index of the best candidate of each group."""
     outputs = predictions if isinstance(predictions, (tuple, list)) else (predictions,)
@@ -416,7 +432,8 @@ def task_predictions(spec, predictions):
     return logits[:, 0] if spec["type"] == "regression" else logits.argmax(-1)
 
 
-def evaluate_task(spec, predictions, references):
+def evaluate_task(spec: dict[str, Any], predictions: np.ndarray | Sequence[np.ndarray], references: np.ndarray,
+                  ) -> dict[str, float]:
     """The task's GLUE metrics (`spec["metrics"]`) of gathered predictions against the references."""
     config_name = "regression" if spec["type"] == "regression" else "classification"
     return _glue_metric(config_name).compute(predictions=task_predictions(spec, predictions),
@@ -481,7 +498,7 @@ class MTDNNTrainer(TermLoggingTrainer):
         if "soft_labels" not in self._signature_columns:
             self._signature_columns.append("soft_labels")
 
-    def get_train_dataloader(self):
+    def get_train_dataloader(self) -> DataLoader:
         if self.train_dataset is None:
             raise ValueError("MTDNNTrainer: training requires a train_dataset")
         args = self.args
@@ -499,7 +516,9 @@ class MTDNNTrainer(TermLoggingTrainer):
         # Trainer's `set_epoch` must reach it through `skip_first_batches` on resume
         return prepare_data_loader(loader, device=args.device, num_processes=1, process_index=0, put_on_device=True)
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+    def compute_loss(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
+                     num_items_in_batch: torch.Tensor | int | None = None,
+                     ) -> torch.Tensor | tuple[torch.Tensor, ModelOutput]:
         soft_labels = inputs.pop("soft_labels", None)
         outputs = model(**inputs)
         loss = outputs.loss
@@ -512,8 +531,8 @@ class MTDNNTrainer(TermLoggingTrainer):
             self.record_term(model, f"loss_{spec['name']}", loss)
         return (loss, outputs) if return_outputs else loss
 
-    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
-                        metric_key_prefix="eval"):
+    def evaluation_loop(self, dataloader: DataLoader, description: str, prediction_loss_only: bool | None = None,
+                        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
         dataset = dataloader.dataset
         tasks = dataset.unique("task") if hasattr(dataset, "unique") and "task" in dataset.column_names else []
         spec = self.mtdnn_config.task(int(tasks[0])) if len(tasks) == 1 else None
@@ -531,7 +550,8 @@ class MTDNNTrainer(TermLoggingTrainer):
 
 
 @torch.no_grad()
-def teacher_soft_labels(teachers, dataset, task, batch_size=32, collator=None):
+def teacher_soft_labels(teachers: Sequence["MTDNNModel | PeftModel"], dataset: "Dataset", task: str,
+                        batch_size: int = 32, collator: MTDNNCollator | None = None) -> list[list[float]]:
     """Soft targets of a task's rows from an ensemble (MT-DNN-KD): per row, the mean over the teachers of their class
     probabilities (softmax of the head's output; for ranking, of each group's candidate scores; for regression the
     mean predicted score). Teachers are `MTDNNModel`s holding `task` (a name) with the same type and label count."""
@@ -575,7 +595,8 @@ def teacher_soft_labels(teachers, dataset, task, batch_size=32, collator=None):
     return soft_labels
 
 
-def add_soft_labels(dataset, teachers, task, batch_size=32, collator=None):
+def add_soft_labels(dataset: "Dataset", teachers: Sequence["MTDNNModel | PeftModel"], task: str, batch_size: int = 32,
+                    collator: MTDNNCollator | None = None) -> "Dataset":
     """`dataset` with a `soft_labels` column from `teacher_soft_labels` (replacing one it had)."""
     soft_labels = teacher_soft_labels(teachers, dataset, task, batch_size, collator)
     if "soft_labels" in dataset.column_names:
@@ -585,7 +606,10 @@ def add_soft_labels(dataset, teachers, task, batch_size=32, collator=None):
 
 # ----- entry point --------------------------------------------------------------------------------------------------
 
-def load_task_files(config, train_files, eval_files=(), tokenizer=None, max_length=512, layouts=None):
+def load_task_files(config: MTDNNConfig, train_files: Iterable[tuple[str, str | Path]],
+                    eval_files: Iterable[tuple[str, str, str | Path]] = (),
+                    tokenizer: PreTrainedTokenizerBase | None = None, max_length: int = 512,
+                    layouts: Mapping[str, str] | None = None) -> tuple[dict[str, "Dataset"], dict[str, "Dataset"]]:
     """The training and evaluation data of a multi-task run: `train_files` as `(task, path)` pairs and `eval_files`
     as `(task, name, path)` triples (a task may be evaluated on several files, e.g. MNLI matched and mismatched),
     read with `load_task_file` (`layouts` maps a task to the GLUE layout of its .tsv files). Returns the dicts
@@ -603,8 +627,10 @@ def load_task_files(config, train_files, eval_files=(), tokenizer=None, max_leng
     return train, evaluation
 
 
-def train_mtdnn(model, train_dataset, eval_dataset=None, args=None, teachers=(), teacher_batch_size=32,
-                log_to_stderr=False, **settings) -> MTDNNTrainer:
+def train_mtdnn(model: "MTDNNModel | PeftModel", train_dataset: dict[str, "Dataset"],
+                eval_dataset: dict[str, "Dataset"] | None = None, args: TrainingArguments | None = None,
+                teachers: Sequence["MTDNNModel | PeftModel"] = (), teacher_batch_size: int = 32,
+                log_to_stderr: bool = False, **settings: Any) -> MTDNNTrainer:
     """Multi-task fine-tuning of `model` (an `MTDNNModel`, or a PEFT wrapper of it) on `train_dataset` (`{task:
     dataset}`), with per-task evaluation on `eval_dataset` (`{name: dataset}`). With `teachers` (models holding the
     training tasks), every training row first gets the mean of their class probabilities as soft target

@@ -23,15 +23,13 @@ AUTO_MAP = auto_map(OptimusConfig, AUTO_CLASSES)
 
 TOP_LEVEL = ["OptimusConfig", "OptimusForSequenceClassification", "OptimusLatentSpace", "OptimusModel",
              "OptimusProcessor"]  # re-exported by hf_ext
-APP_MODEL_TYPES = (OptimusConfig.model_type,)  # served by this package's app.py (`hf-ext serve`)
-
 
 def register() -> None:
     """Register the model with transformers' Auto classes (done by `import hf_ext`)."""
     register_auto_classes(OptimusConfig, AUTO_CLASSES)
 
 
-__all__ = ["APP_MODEL_TYPES", "AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "OptimusConfig",
+__all__ = ["AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "OptimusConfig",
            "OptimusForSequenceClassification", "OptimusLatentSpace", "OptimusModel", "OptimusOutput",
            "OptimusPreTrainedModel", "OptimusProcessor", "kl_divergence", "kl_per_dimension", "reconstruction_loss",
            "register"]

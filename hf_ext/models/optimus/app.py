@@ -2,10 +2,11 @@
 sentences' posterior means (the whole path listed, a slider over t), complete an analogy, decode samples from the
 prior, and see the posterior means of the sentences entered so far on a plane with the interpolation path.
 
-The API names (gradio_client): `reconstruct`, `interpolate`, `analogy`, `sample`. Needs gradio (`hf-ext[app]`); not
-imported by the package."""
+The API names (gradio_client): `reconstruct`, `interpolate`, `analogy`, `sample`. Needs gradio (`hf-ext[app]`), which
+`build_app` imports; not imported by the package."""
 
-import gradio as gr
+from typing import TYPE_CHECKING
+
 import torch
 
 from ...errors import HfExtError
@@ -13,6 +14,12 @@ from ...serve import MAX_TEXT_CHARS, checked_float, checked_int, checked_text, u
 from .commands import load_optimus
 from .latent_space import OptimusLatentSpace
 from .samples import bundled_sentences
+
+if TYPE_CHECKING:  # gradio and matplotlib are optional
+    import gradio as gr
+    from matplotlib.figure import Figure
+
+MODEL_TYPES = ("optimus",)  # the model types this app serves
 
 DECODINGS = ("greedy", "sampling", "beam search")
 MAX_NEW_TOKENS = 32
@@ -40,30 +47,34 @@ class OptimusApp:
     """The app's functions over one `OptimusLatentSpace`: the API ones take and return plain values, the others
     draw the latent map from the sentences a session entered."""
 
-    def __init__(self, space: OptimusLatentSpace):
+    def __init__(self, space: OptimusLatentSpace) -> None:
         self.space = space
 
-    def reconstruct(self, sentence, decoding, num_beams, top_p, seed):
+    def reconstruct(self, sentence: str, decoding: str, num_beams: float, top_p: float, seed: float) -> str:
         text = checked_text(sentence, "the sentence")
         return self.space.reconstruct([text], **generation_options(decoding, num_beams, top_p, seed))[0]
 
-    def interpolate(self, start, end, steps, decoding, num_beams, top_p, seed):
+    def interpolate(self, start: str, end: str, steps: float, decoding: str, num_beams: float, top_p: float,
+                    seed: float) -> list[list]:
         start, end = checked_text(start, "the first sentence"), checked_text(end, "the last sentence")
         steps = checked_int(steps, "steps", 2, MAX_STEPS)
         path = self.space.interpolate(start, end, steps, **generation_options(decoding, num_beams, top_p, seed))
         return [[round(t, 4), text] for t, text in path]
 
-    def interpolate_at(self, start, end, t, decoding, num_beams, top_p, seed):
+    def interpolate_at(self, start: str, end: str, t: float, decoding: str, num_beams: float, top_p: float,
+                       seed: float) -> str:
         start, end = checked_text(start, "the first sentence"), checked_text(end, "the last sentence")
         t = checked_float(t, "t", 0.0, 1.0)
         return self.space.interpolate_at(start, end, t, **generation_options(decoding, num_beams, top_p, seed))
 
-    def analogy(self, a, b, c, degree, decoding, num_beams, top_p, seed):
+    def analogy(self, a: str, b: str, c: str, degree: float, decoding: str, num_beams: float, top_p: float,
+                seed: float) -> str:
         a, b, c = (checked_text(text, f"sentence {name}") for name, text in zip("abc", (a, b, c)))
         degree = checked_float(degree, "degree", -MAX_DEGREE, MAX_DEGREE)
         return self.space.analogy(a, b, c, degree, **generation_options(decoding, num_beams, top_p, seed))
 
-    def sample(self, count, temperature, decoding, num_beams, top_p, seed):
+    def sample(self, count: float, temperature: float, decoding: str, num_beams: float, top_p: float,
+               seed: float) -> list[str]:
         """Latents z = temperature * e, e ~ N(0, I) (the prior at temperature 1), decoded."""
         count = checked_int(count, "samples", 1, MAX_SAMPLES)
         temperature = checked_float(temperature, "temperature", 0.0, MAX_PRIOR_TEMPERATURE)
@@ -72,13 +83,14 @@ class OptimusApp:
         latents = self.space.model.sample_prior(count, generator) * temperature
         return self.space.decode(latents, **options)
 
-    def remember(self, sentences, *texts):
+    def remember(self, sentences: list[str] | None, *texts: str | None) -> list[str]:
         """The session's sentences with `texts` added (those not empty, too long, or there already), latest last."""
         new = [text.strip() for text in texts if text and text.strip() and len(text.strip()) <= MAX_TEXT_CHARS]
         kept = [text for text in sentences or [] if text not in new] + list(dict.fromkeys(new))
         return kept[-REMEMBERED:]
 
-    def latent_map(self, sentences, start=None, end=None, steps=None):
+    def latent_map(self, sentences: list[str] | None, start: str | None = None, end: str | None = None,
+                   steps: float | None = None) -> "Figure | None":
         """The posterior means of `sentences` on a plane, with the interpolation from `start` to `end` (its `steps`
         decoded greedily) drawn through them when both ends are among the sentences; None until there are two."""
         from .plots import latent_space_figure
@@ -99,8 +111,10 @@ class OptimusApp:
         return figure
 
 
-def build_app(source: str, trust_remote_code: bool | None = None) -> gr.Blocks:
+def build_app(source: str, trust_remote_code: bool | None = None) -> "gr.Blocks":
     """The Optimus explorer of the model in `source` (a folder or Hub repo id)."""
+    import gradio as gr
+
     model, processor = load_optimus(source, trust_remote_code)
     limit = model.config.decoder.n_positions - int(model.config.latent_as_gpt_memory)
     app = OptimusApp(OptimusLatentSpace(model, processor, max_new_tokens=min(MAX_NEW_TOKENS, limit)))

@@ -9,7 +9,7 @@ import torch
 from ...arguments import fraction, nonnegative_float, number_in, positive_float, positive_int, probability
 from ...cli import add_model_argument, model_commands
 from ...errors import require
-from . import conversion
+from . import OptimusModel, OptimusProcessor, conversion
 from .demo import add_demo_command
 
 CHECKPOINTS_SUFFIX = "-checkpoints"  # OUTPUT_DIR-checkpoints/: the run's Trainer checkpoints, until it ends
@@ -143,7 +143,7 @@ def _register_training_tools(tools):
                         help="posterior-mean variance that makes a latent dimension active (default 0.01)")
 
 
-def load_optimus(source: str, trust_remote_code: bool | None = None):
+def load_optimus(source: str, trust_remote_code: bool | None = None) -> tuple[OptimusModel, OptimusProcessor]:
     """An Optimus model and its processor from `source` (a folder or Hub repo id); one error line when they do not
     load or `source` holds another kind of model."""
     from transformers import AutoModel, AutoProcessor

@@ -87,7 +87,7 @@ class OptimusConfig(PretrainedConfig):
         super().__init__(**kwargs)
         self.validate_optimus()
 
-    def validate_optimus(self):
+    def validate_optimus(self) -> None:
         """Raise `ValueError` with one clear line for a configuration the model cannot run."""
         if not isinstance(self.latent_size, int) or self.latent_size <= 0:
             raise ValueError(f"latent_size must be a positive integer, got {self.latent_size!r}")

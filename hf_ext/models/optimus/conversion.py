@@ -48,7 +48,7 @@ class OptimusSource:
     decoder_dir: Path | None = None
     full_checkpoint: Path | None = None
 
-    def files(self):
+    def files(self) -> list[Path]:
         """Every original file the conversion reads (for the provenance record)."""
         paths = []
         for folder in (self.encoder_dir, self.decoder_dir):
@@ -81,7 +81,8 @@ def _step_folders(root, kind):
     return found
 
 
-def find_source(src=None, encoder_dir=None, decoder_dir=None, step=None):
+def find_source(src: str | Path | None = None, encoder_dir: str | Path | None = None,
+                decoder_dir: str | Path | None = None, step: int | None = None) -> OptimusSource:
     """Resolve SRC (or the two explicit folders) to the original files."""
     if encoder_dir is not None or decoder_dir is not None:
         if encoder_dir is None or decoder_dir is None:
@@ -127,7 +128,7 @@ def _load_args(path):
     return args
 
 
-def read_original(source):
+def read_original(source: OptimusSource) -> OptimusOriginal:
     """Read the weights, configs and training args of an original checkpoint."""
     args = None
     notes = []
@@ -222,7 +223,9 @@ def _flag(value):
     return None if value is None else bool(int(value))
 
 
-def build_config(original, latent_as_gpt_memory=None, latent_as_gpt_emb=None, special_ids=None):
+def build_config(original: OptimusOriginal, latent_as_gpt_memory: int | bool | None = None,
+                 latent_as_gpt_emb: int | bool | None = None, special_ids: dict[str, int] | None = None,
+                 ) -> OptimusConfig:
     """The `OptimusConfig` of an original checkpoint: sizes from its configs and weights, flags and loss settings
     from its training args (explicit flags win)."""
     enc_state, dec_state, args = original.encoder_state, original.decoder_state, original.args
@@ -284,7 +287,8 @@ def _config_files(source):
     return f"the configs inferred from the weights of {source.full_checkpoint}"
 
 
-def convert_state_dict(encoder_state, decoder_state):
+def convert_state_dict(encoder_state: dict[str, torch.Tensor], decoder_state: dict[str, torch.Tensor],
+                       ) -> dict[str, torch.Tensor]:
     """Original key names -> `OptimusModel` key names (tensors are shared, not copied)."""
     state = {}
     for key, tensor in encoder_state.items():
@@ -303,7 +307,9 @@ def convert_state_dict(encoder_state, decoder_state):
     return state
 
 
-def load_processor(source, encoder_tokenizer=None, decoder_tokenizer=None, do_lower_case=None):
+def load_processor(source: OptimusSource, encoder_tokenizer: str | Path | None = None,
+                   decoder_tokenizer: str | Path | None = None, do_lower_case: bool | None = None,
+                   ) -> OptimusProcessor | None:
     """Both tokenizers from the given folders, or from the checkpoint folders; None when neither has them."""
     enc_dir = Path(encoder_tokenizer) if encoder_tokenizer else source.encoder_dir
     dec_dir = Path(decoder_tokenizer) if decoder_tokenizer else source.decoder_dir
@@ -325,7 +331,9 @@ def load_processor(source, encoder_tokenizer=None, decoder_tokenizer=None, do_lo
     return OptimusProcessor(tokenizer=bert, decoder_tokenizer=gpt2)
 
 
-def convert(original, staging, processor=None, latent_as_gpt_memory=None, latent_as_gpt_emb=None):
+def convert(original: OptimusOriginal, staging: Path, processor: OptimusProcessor | None = None,
+            latent_as_gpt_memory: int | bool | None = None, latent_as_gpt_emb: int | bool | None = None,
+            ) -> OptimusConfig:
     """Write the converted model into `staging`; returns its config."""
     special_ids = None
     if processor is not None:
@@ -343,7 +351,8 @@ def convert(original, staging, processor=None, latent_as_gpt_memory=None, latent
     return config
 
 
-def to_original_state_dicts(state, tie_word_embeddings=True):
+def to_original_state_dicts(state: dict[str, torch.Tensor], tie_word_embeddings: bool = True,
+                            ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """`OptimusModel` keys -> the original's (encoder, decoder) state dicts; the inverse of `convert_state_dict`."""
     encoder, decoder = {}, {}
     for key, tensor in state.items():
@@ -364,7 +373,7 @@ def to_original_state_dicts(state, tie_word_embeddings=True):
     return encoder, decoder
 
 
-def reference_errors(model, reference):
+def reference_errors(model: OptimusModel, reference: dict[str, torch.Tensor]) -> dict[str, float]:
     """Max abs error of the converted model against tensors the original computed (the fixtures' layout:
     `enc_input_ids`, `dec_labels`, `z` in; encoder outputs, posterior, logits and losses out)."""
     model.eval()
@@ -376,7 +385,7 @@ def reference_errors(model, reference):
     return {name: (value - reference[name]).abs().max().item() for name, value in ours.items() if name in reference}
 
 
-def round_trip_error(path, written, block_bytes=32 << 20):
+def round_trip_error(path: str | Path, written: dict[str, torch.Tensor], block_bytes: int = 32 << 20) -> float:
     """Max abs difference between the tensors stored in the safetensors file at `path` and `written`, emptying
     `written` as it goes (names absent from the file are tied copies, which are not stored).
 
@@ -426,10 +435,14 @@ def _loading_problems(info):
         "; ".join(info.get("error_msgs", []))
 
 
-def convert_optimus_checkpoint(src=None, out=None, *, encoder_dir=None, decoder_dir=None, step=None,
-                               encoder_tokenizer=None, decoder_tokenizer=None, latent_as_gpt_memory=None,
-                               latent_as_gpt_emb=None, reference=None, overwrite=False, push_to_hub=None,
-                               private=False, token=None):
+def convert_optimus_checkpoint(src: str | Path | None = None, out: str | Path | None = None, *,
+                               encoder_dir: str | Path | None = None, decoder_dir: str | Path | None = None,
+                               step: int | None = None, encoder_tokenizer: str | Path | None = None,
+                               decoder_tokenizer: str | Path | None = None,
+                               latent_as_gpt_memory: int | bool | None = None,
+                               latent_as_gpt_emb: int | bool | None = None, reference: str | Path | None = None,
+                               overwrite: bool = False, push_to_hub: str | None = None, private: bool = False,
+                               token: str | None = None) -> dict[str, float]:
     """Convert an original Optimus checkpoint into a model folder at `out` (written atomically), with a model card
     that records the source files and the parity measured; optionally push it. Returns the parity errors."""
     from ... import __version__
@@ -504,7 +517,7 @@ CONVERT_NAME = "optimus"  # hf-ext convert optimus
 CONVERT_SUMMARY = "original Optimus checkpoints (ChunyuanLI/Optimus)"
 
 
-def add_arguments(parser):
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`hf-ext convert optimus` arguments (also used by conversion/convert_optimus_original_checkpoint.py)."""
     parser.add_argument("src", nargs="?", help="original output folder (checkpoint-encoder-N/ + checkpoint-decoder-N/ "
                         "or checkpoint-full-N/), a checkpoint-full-N folder, or a training.bin")
@@ -523,7 +536,7 @@ def add_arguments(parser):
     add_output_arguments(parser)
 
 
-def run(args):
+def run(args: argparse.Namespace) -> None:
     parity = convert_optimus_checkpoint(
         args.src, args.out, encoder_dir=args.encoder, decoder_dir=args.decoder, step=args.step,
         encoder_tokenizer=args.encoder_tokenizer, decoder_tokenizer=args.decoder_tokenizer,

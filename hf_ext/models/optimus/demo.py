@@ -21,8 +21,9 @@ import random
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ...arguments import positive_int
 
@@ -104,7 +105,8 @@ class ProgressLines(TrainerCallback):
         self.every = every
         self.next_line = every
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, float] | None = None, **kwargs: Any) -> None:
         step = state.global_step
         if logs and "loss_rec" in logs and (step >= self.next_line or step == state.max_steps):
             self.next_line = (step // self.every + 1) * self.every

@@ -6,12 +6,19 @@ The estimates follow the original code (ChunyuanLI/Optimus `code/examples/big_ae
 """
 
 import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.trainer_utils import unwrap_peft_model
 
 from ...metrics import load_metric
 from . import kl_divergence
+from .modeling_optimus import OptimusModel
+from .processing_optimus import OptimusProcessor
+
+if TYPE_CHECKING:  # peft is imported only when used
+    from peft import PeftModel
 
 STATISTICS = ("log_likelihood", "reconstruction_nll", "kl", "num_words", "posterior_mean", "posterior_logvar",
               "latent_sample")
@@ -23,8 +30,10 @@ def _log_normal(z, mean, logvar):
 
 
 @torch.no_grad()
-def optimus_lm_statistics(model, processor, texts, batch_size=16, num_samples=100, samples_per_pass=5,
-                          max_length=None, generator=None):
+def optimus_lm_statistics(model: "OptimusModel | PeftModel", processor: OptimusProcessor, texts: Iterable[str],
+                          batch_size: int = 16, num_samples: int = 100, samples_per_pass: int = 5,
+                          max_length: int | None = None, generator: torch.Generator | None = None,
+                          ) -> dict[str, list]:
     """Per-example statistics of `texts` under an `OptimusModel` (or a PEFT wrapper of it), as lists keyed by the
     `optimus_lm` metric's inputs:
 
@@ -94,7 +103,8 @@ def word_accuracy(reference: str, output: str) -> float:
     return matches / max(len(reference_words), len(output_words))
 
 
-def evaluate_optimus_lm(model, processor, texts, au_threshold=0.01, **statistics_kwargs):
+def evaluate_optimus_lm(model: "OptimusModel | PeftModel", processor: OptimusProcessor, texts: Iterable[str],
+                        au_threshold: float = 0.01, **statistics_kwargs: Any) -> dict[str, float]:
     """The paper's LM metrics of `texts`: perplexity, nll, neg_elbo, reconstruction_nll, kl, mi, active_units
     (`statistics_kwargs` go to `optimus_lm_statistics`)."""
     stats = optimus_lm_statistics(model, processor, texts, **statistics_kwargs)

@@ -9,6 +9,7 @@ z reaches the decoder in two ways, each switchable in the config, exactly as in 
 
 import inspect
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -17,7 +18,7 @@ from transformers import BertModel, GPT2Model, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
-from transformers.modeling_outputs import SequenceClassifierOutput
+from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions, SequenceClassifierOutput
 from transformers.utils import ModelOutput, can_return_tuple
 from transformers.utils.deprecation import deprecate_kwarg
 
@@ -69,12 +70,13 @@ class OptimusOutput(ModelOutput):
     encoder_attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-def kl_per_dimension(mean, logvar):
+def kl_per_dimension(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
     """KL(N(mean, exp(logvar)) || N(0, I)) of each latent dimension."""
     return 0.5 * (mean.pow(2) + logvar.exp() - logvar - 1)
 
 
-def kl_divergence(mean, logvar, fb_mode=0, dim_target_kl=0.0):
+def kl_divergence(mean: torch.Tensor, logvar: torch.Tensor, fb_mode: int = 0, dim_target_kl: float = 0.0,
+                  ) -> torch.Tensor:
     """Per-example KL under the original's free-bits modes (see `OptimusConfig.fb_mode`)."""
     if fb_mode == 2:
         return kl_per_dimension(mean, torch.zeros_like(logvar)).sum(-1)
@@ -84,7 +86,7 @@ def kl_divergence(mean, logvar, fb_mode=0, dim_target_kl=0.0):
     return kl.sum(-1)
 
 
-def reconstruction_loss(logits, labels, pad_token_id):
+def reconstruction_loss(logits: torch.Tensor, labels: torch.Tensor, pad_token_id: int) -> torch.Tensor:
     """Summed next-token cross-entropy of each sequence; `labels` are also the decoder input (BOS is never a target)."""
     shift_logits = logits[:, :-1].float()
     shift_labels = labels[:, 1:]
@@ -162,39 +164,42 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
         self.beta = config.beta  # current KL weight; schedules update it during training
         self.post_init()
 
-    def get_input_embeddings(self):
+    def get_input_embeddings(self) -> nn.Embedding:
         return self.decoder.wte
 
-    def set_input_embeddings(self, value):
+    def set_input_embeddings(self, value: nn.Module) -> None:
         self.decoder.wte = value
 
-    def get_output_embeddings(self):
+    def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
-    def set_output_embeddings(self, new_embeddings):
+    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
         self.lm_head = new_embeddings
 
     # ----- latent space -------------------------------------------------------------------------------------------
 
-    def encode(self, input_ids, attention_mask=None, token_type_ids=None, **kwargs):
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None, **kwargs: Any,
+               ) -> tuple[torch.Tensor, torch.Tensor, BaseModelOutputWithPoolingAndCrossAttentions]:
         """Posterior of each input: `(mean, logvar, encoder_outputs)`."""
         encoder_outputs = self._encode(input_ids, attention_mask, token_type_ids, **kwargs)
         mean, logvar = self.to_latent(encoder_outputs.pooler_output).chunk(2, -1)
         return mean, logvar, encoder_outputs
 
     @staticmethod
-    def reparameterize(mean, logvar, generator=None):
+    def reparameterize(mean: torch.Tensor, logvar: torch.Tensor, generator: torch.Generator | None = None,
+                       ) -> torch.Tensor:
         """z = mean + eps * exp(logvar / 2), eps ~ N(0, I)."""
         eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
         return mean + eps * torch.exp(0.5 * logvar)
 
-    def sample_prior(self, num_samples, generator=None):
+    def sample_prior(self, num_samples: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """`num_samples` latents from the N(0, I) prior."""
         return torch.randn(num_samples, self.config.latent_size, generator=generator, device=self.device,
                            dtype=self.dtype)
 
     @staticmethod
-    def interpolate(z_start, z_end, num_steps):
+    def interpolate(z_start: torch.Tensor, z_end: torch.Tensor, num_steps: int) -> torch.Tensor:
         """Latents on the line from `z_start` to `z_end`: `(1 - t) z_start + t z_end` for t = 0 ... 1 (`num_steps`)."""
         if num_steps < 2:
             raise ValueError(f"num_steps must be at least 2, got {num_steps}")
@@ -202,11 +207,11 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
         return (1 - t) * z_start.reshape(1, -1) + t * z_end.reshape(1, -1)
 
     @staticmethod
-    def analogy(z_a, z_b, z_c, degree=1.0):
+    def analogy(z_a: torch.Tensor, z_b: torch.Tensor, z_c: torch.Tensor, degree: float = 1.0) -> torch.Tensor:
         """a : b :: c : ? in latent space, as the original: `z_c + (z_b - z_a) * degree`."""
         return z_c + (z_b - z_a) * degree
 
-    def memory_cache(self, latent_z, cache=None):
+    def memory_cache(self, latent_z: torch.Tensor, cache: Cache | None = None) -> Cache:
         """Put the latent memory into slot 0 of every decoder layer of `cache` (a new `DynamicCache` by default)."""
         dec = self.config.decoder
         head_dim = dec.n_embd // dec.n_head
@@ -236,7 +241,7 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        **kwargs,
+        **kwargs: Any,
     ) -> OptimusOutput:
         r"""
         input_ids, attention_mask, token_type_ids: the encoder side (BERT ids). Without a mask, ids equal to the
@@ -333,7 +338,8 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
             **kwargs,
         )
 
-    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, attention_mask=None, **kwargs):
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, next_sequence_length: int | None = None,
+                                      attention_mask: torch.Tensor | None = None, **kwargs: Any) -> dict[str, Any]:
         # generate() grows the decoder sequence under the name `input_ids`; the encoder side is not used here. The
         # cache travels in `kwargs` under the installed version's name (CACHE_NAME).
         kwargs.pop("position_ids", None)  # positions come from the mask and the memory slot in `_decode`
@@ -375,10 +381,10 @@ class OptimusForSequenceClassification(OptimusPreTrainedModel):
         self.classifier = nn.Linear(feature_size, config.num_labels)
         self.post_init()
 
-    def get_input_embeddings(self):
+    def get_input_embeddings(self) -> nn.Embedding:
         return self.encoder.embeddings.word_embeddings
 
-    def set_input_embeddings(self, value):
+    def set_input_embeddings(self, value: nn.Module) -> None:
         self.encoder.embeddings.word_embeddings = value
 
     def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
@@ -400,7 +406,7 @@ class OptimusForSequenceClassification(OptimusPreTrainedModel):
         labels: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        **kwargs,
+        **kwargs: Any,
     ) -> SequenceClassifierOutput:
         kwargs.pop("num_items_in_batch", None)
         encoder_outputs = self._encode(input_ids, attention_mask, token_type_ids,

@@ -4,10 +4,17 @@ means on their principal axes, with an interpolation path) and an interpolation 
 matplotlib is optional (`pip install hf-ext[plots]`); see `hf_ext.plots`.
 """
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...errors import HfExtError
 from ...plots import new_figure, require_matplotlib
+
+if TYPE_CHECKING:  # numpy and matplotlib are imported only when a figure is drawn
+    import numpy as np
+    from matplotlib.figure import Figure
+    from numpy.typing import ArrayLike
 
 # panels of the training curves: (title, (log key, legend label), ...)
 CURVE_PANELS = (
@@ -18,7 +25,8 @@ CURVE_PANELS = (
 CURVE_KEYS = tuple(key for _, keys in CURVE_PANELS for key, _ in keys)
 
 
-def curves_from_log_history(log_history, keys=CURVE_KEYS):
+def curves_from_log_history(log_history: Sequence[dict[str, float]], keys: Iterable[str] = CURVE_KEYS,
+                            ) -> dict[str, tuple[list[float], list[float]]]:
     """`{key: (steps, values)}` of the training logs that carry `key`."""
     return {key: ([entry["step"] for entry in log_history if key in entry],
                   [entry[key] for entry in log_history if key in entry]) for key in keys}
@@ -42,7 +50,7 @@ def _draw_training_curves(axes, log_history):
         axis.grid(alpha=0.3)
 
 
-def plot_training_curves(log_history, path, title=None):
+def plot_training_curves(log_history: list[dict[str, float]], path: str | Path, title: str | None = None) -> Path:
     """PNG (or any matplotlib format, from `path`'s suffix) of the reconstruction loss, the KL (plain and as the
     loss's free-bits term) and beta over the training steps."""
     figure = new_figure(4 * len(CURVE_PANELS), 3.2)
@@ -53,7 +61,8 @@ def plot_training_curves(log_history, path, title=None):
     return Path(path)
 
 
-def project_to_plane(points, *others, first_axis=None):
+def project_to_plane(points: "ArrayLike", *others: "ArrayLike", first_axis: "ArrayLike | None" = None,
+                     ) -> "tuple[list[np.ndarray], np.ndarray]":
     """`points` ([n, d]) and each of `others` ([m, d]) on a plane through the mean of `points`, with the share of
     `points`' variance along each axis. The axes are the first two principal axes of `points`; with `first_axis`
     (a [d] direction), that direction and the principal axis of `points` orthogonal to it."""
@@ -74,13 +83,19 @@ def project_to_plane(points, *others, first_axis=None):
     return projected, explained
 
 
-def plot_latent_space(means, texts, path, interpolation=None, labelled=None, log_history=None, title=None):
+def plot_latent_space(means: "np.ndarray", texts: Sequence[str], path: str | Path,
+                      interpolation: "tuple[np.ndarray, list[tuple[float, str]]] | None" = None,
+                      labelled: Iterable[int] | None = None, log_history: list[dict[str, float]] | None = None,
+                      title: str | None = None) -> Path:
     """PNG (or any matplotlib format, from `path`'s suffix) of `latent_space_figure`."""
     latent_space_figure(means, texts, interpolation, labelled, log_history, title).savefig(Path(path), dpi=100)
     return Path(path)
 
 
-def latent_space_figure(means, texts, interpolation=None, labelled=None, log_history=None, title=None):
+def latent_space_figure(means: "np.ndarray", texts: Sequence[str],
+                        interpolation: "tuple[np.ndarray, list[tuple[float, str]]] | None" = None,
+                        labelled: Iterable[int] | None = None, log_history: list[dict[str, float]] | None = None,
+                        title: str | None = None) -> "Figure":
     """A figure of the posterior means of `texts` ([n, latent_size]) on a plane, with the sentences of `labelled`
     (indices; default all) written beside their points, and optionally:
 
@@ -137,7 +152,8 @@ def latent_space_figure(means, texts, interpolation=None, labelled=None, log_his
     return figure
 
 
-def plot_interpolation_table(rows, path, title="Latent interpolation"):
+def plot_interpolation_table(rows: Iterable[tuple[float, str]], path: str | Path, title: str = "Latent interpolation",
+                             ) -> Path:
     """A table of `(t, decoded sentence)` rows, as `OptimusLatentSpace.interpolate` returns them."""
     rows = list(rows)
     if not rows:

@@ -1,7 +1,10 @@
 """Processor pairing Optimus' two tokenizers: BERT WordPiece for the encoder, GPT-2 BPE for the decoder."""
 
+from collections.abc import Iterable, Sequence
+from typing import Any
+
 import torch
-from transformers import BatchEncoding, ProcessorMixin
+from transformers import BatchEncoding, PreTrainedTokenizerBase, ProcessorMixin
 
 DECODER_SPECIAL_TOKENS = {"pad_token": "<PAD>", "bos_token": "<BOS>", "eos_token": "<EOS>"}
 
@@ -24,7 +27,7 @@ class OptimusProcessor(ProcessorMixin):
         super().__init__(tokenizer, decoder_tokenizer, **kwargs)
 
     @staticmethod
-    def add_decoder_special_tokens(decoder_tokenizer):
+    def add_decoder_special_tokens(decoder_tokenizer: PreTrainedTokenizerBase) -> int:
         """Add `<PAD>`, `<BOS>`, `<EOS>` as the original does (ids V, V+1, V+2); returns how many were new."""
         return decoder_tokenizer.add_special_tokens(dict(DECODER_SPECIAL_TOKENS))
 
@@ -42,7 +45,8 @@ class OptimusProcessor(ProcessorMixin):
         batch["labels"] = self.decoder_labels(decoder_text, max_length=max_length, return_tensors=return_tensors)
         return BatchEncoding(batch)
 
-    def decoder_labels(self, text, max_length=None, return_tensors="pt"):
+    def decoder_labels(self, text: str | Iterable[str], max_length: int | None = None,
+                       return_tensors: str | None = "pt") -> torch.Tensor | list[list[int]]:
         """`<BOS> tokens <EOS>` per text, right-padded with `<PAD>` (truncated to `max_length` with EOS kept)."""
         texts = [text] if isinstance(text, str) else list(text)
         tok = self.decoder_tokenizer
@@ -55,7 +59,7 @@ class OptimusProcessor(ProcessorMixin):
         padded = [row + [tok.pad_token_id] * (width - len(row)) for row in rows]
         return torch.tensor(padded, dtype=torch.long) if return_tensors == "pt" else padded
 
-    def batch_decode(self, sequences, **kwargs):
+    def batch_decode(self, sequences: Iterable[torch.Tensor | Sequence[int]], **kwargs: Any) -> list[str]:
         """Decoder ids -> text, cut at the first `<EOS>`, special tokens removed."""
         tok = self.decoder_tokenizer
         texts = []
@@ -66,11 +70,11 @@ class OptimusProcessor(ProcessorMixin):
             texts.append(tok.decode(row, skip_special_tokens=True, **kwargs).strip())
         return texts
 
-    def decode(self, sequence, **kwargs):
+    def decode(self, sequence: torch.Tensor | Sequence[int], **kwargs: Any) -> str:
         return self.batch_decode([sequence], **kwargs)[0]
 
     @property
-    def model_input_names(self):
+    def model_input_names(self) -> list[str]:
         return ["input_ids", "attention_mask", "labels"]
 
 

@@ -5,7 +5,9 @@ conversion benchmark."""
 import argparse
 import json
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,8 +17,8 @@ from . import OptimusConfig, OptimusModel
 from .conversion import ARGS_FILE, WEIGHTS_FILE, to_original_state_dicts
 
 
-def tiny_config(encoder_vocab_size, decoder_base_vocab_size, latent_size=16, hidden_size=64, num_layers=2,
-                num_heads=4, max_positions=64, **overrides):
+def tiny_config(encoder_vocab_size: int, decoder_base_vocab_size: int, latent_size: int = 16, hidden_size: int = 64,
+                num_layers: int = 2, num_heads: int = 4, max_positions: int = 64, **overrides: Any) -> OptimusConfig:
     """An `OptimusConfig` of the given small sizes; the decoder vocabulary gets `<PAD>`, `<BOS>`, `<EOS>` appended."""
     from transformers import BertConfig, GPT2Config
 
@@ -32,7 +34,7 @@ def tiny_config(encoder_vocab_size, decoder_base_vocab_size, latent_size=16, hid
     )
 
 
-def random_model(config, seed=0, scale=0.2):
+def random_model(config: OptimusConfig, seed: int = 0, scale: float | None = 0.2) -> OptimusModel:
     """An `OptimusModel` whose every parameter is random (LayerNorms and biases too, so parity checks see them);
     with `scale=None`, the model's own initialisation (a better start for training)."""
     torch.manual_seed(seed)
@@ -48,7 +50,7 @@ def random_model(config, seed=0, scale=0.2):
     return model.eval()
 
 
-def original_args(config, **extra):
+def original_args(config: OptimusConfig, **extra: Any) -> argparse.Namespace:
     """The training `argparse.Namespace` the original stores beside its weights."""
     values = dict(
         latent_size=config.latent_size, latent_as_gpt_memory=int(config.latent_as_gpt_memory),
@@ -66,7 +68,9 @@ def _legacy_save(obj, path):
     torch.save(obj, path, _use_new_zipfile_serialization=False)
 
 
-def write_original_checkpoint(root, model, step=1, tokenizer_dirs=None, full=True, split=True, args=None):
+def write_original_checkpoint(root: str | Path, model: OptimusModel, step: int = 1,
+                              tokenizer_dirs: Iterable[str | Path] | None = None, full: bool = True, split: bool = True,
+                              args: argparse.Namespace | None = None) -> Path:
     """Write `model` the way the original `save_checkpoint` does under `root`: `checkpoint-encoder-{step}/`,
     `checkpoint-decoder-{step}/` (weights, config.json, args) and `checkpoint-full-{step}/training.bin`."""
     root = Path(root)
@@ -122,8 +126,9 @@ def _original_gpt2_config(config):
             "resid_pdrop": dec.resid_pdrop, "torchscript": False, "vocab_size": dec.vocab_size}
 
 
-def write_sample_checkpoint(root, seed=0, latent_size=16, hidden_size=64, num_layers=2, num_heads=4, step=1,
-                            weight_scale=0.2, decoder_vocab_size=300, **config_overrides):
+def write_sample_checkpoint(root: str | Path, seed: int = 0, latent_size: int = 16, hidden_size: int = 64,
+                            num_layers: int = 2, num_heads: int = 4, step: int = 1, weight_scale: float | None = 0.2,
+                            decoder_vocab_size: int = 300, **config_overrides: Any) -> OptimusModel:
     """A complete original-format Optimus output folder with tokenizers trained on the bundled sentences (the
     encoder's holds all their words; the decoder's byte-level BPE has `decoder_vocab_size` entries at most)."""
     sentences = bundled_sentences()

@@ -5,17 +5,25 @@ The schedules follow ChunyuanLI/Optimus `code/examples/big_ae/utils.py` (`frange
 `frange_cycle_zero_linear`); `run_lm_vae_training.py` reads the schedule at the index of the current update.
 """
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from transformers import PrinterCallback, TrainerCallback, TrainingArguments
-from transformers.utils import logging
+from transformers import PrinterCallback, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.utils import ModelOutput, logging
 
 from ...errors import HfExtError
 from ...lora import unwrap
 from ...trainer import TermLoggingTrainer, last_complete_checkpoint, send_logs_to_stderr, training_arguments
 from . import kl_divergence
+from .modeling_optimus import OptimusModel
+from .processing_optimus import OptimusProcessor
+
+if TYPE_CHECKING:  # datasets and peft are imported only when used
+    from datasets import Dataset
+    from peft import PeftModel
 
 logger = logging.get_logger(__name__)
 
@@ -25,7 +33,8 @@ DEFAULT_RATIO_ZERO = 0.25
 
 
 
-def frange_cycle_zero_linear(n_iter, start=0.0, stop=1.0, n_cycle=4, ratio_increase=0.5, ratio_zero=0.3):
+def frange_cycle_zero_linear(n_iter: int, start: float = 0.0, stop: float = 1.0, n_cycle: int = 4,
+                             ratio_increase: float = 0.5, ratio_zero: float = 0.3) -> np.ndarray:
     """Cyclical schedule of `n_iter` values: each of the `n_cycle` periods holds `start` for its first `ratio_zero`,
     then ramps linearly from `start` towards `stop` over `ratio_increase` of the period, then stays at `stop`."""
     if n_iter < 1 or n_cycle < 1:
@@ -50,7 +59,8 @@ def frange_cycle_zero_linear(n_iter, start=0.0, stop=1.0, n_cycle=4, ratio_incre
     return schedule
 
 
-def frange_cycle_linear(n_iter, start=0.0, stop=1.0, n_cycle=4, ratio=0.5):
+def frange_cycle_linear(n_iter: int, start: float = 0.0, stop: float = 1.0, n_cycle: int = 4,
+                        ratio: float = 0.5) -> np.ndarray:
     """The older cyclical schedule (Fu et al., 2019): a ramp over the first `ratio` of each period, no zero phase."""
     return frange_cycle_zero_linear(n_iter, start, stop, n_cycle, ratio_increase=ratio, ratio_zero=0.0)
 
@@ -80,7 +90,7 @@ class BetaScheduleCallback(TrainerCallback):
         self.ratio_zero = ratio_zero
         self._schedule = None
 
-    def schedule(self, max_steps, stop):
+    def schedule(self, max_steps: int, stop: float) -> np.ndarray:
         """The beta of every step of a run of `max_steps` updates."""
         key = (max_steps, stop)
         if self._schedule is None or self._schedule[0] != key:
@@ -92,12 +102,14 @@ class BetaScheduleCallback(TrainerCallback):
     def _stop(self, core):
         return core.config.beta if self.beta is None else self.beta
 
-    def on_step_begin(self, args, state, control, model=None, **kwargs):
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                      model: torch.nn.Module | None = None, **kwargs: Any) -> None:
         core = unwrap(model)
         values = self.schedule(state.max_steps, self._stop(core))
         core.beta = float(values[min(state.global_step, len(values) - 1)])
 
-    def on_train_end(self, args, state, control, model=None, **kwargs):
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     model: torch.nn.Module | None = None, **kwargs: Any) -> None:
         # evaluation and inference after training use the full weight
         core = unwrap(model)
         core.beta = float(self._stop(core))
@@ -117,7 +129,7 @@ class OptimusDataCollator:
         return dict(self.processor(texts, max_length=self.max_length))
 
 
-def load_text_dataset(path, text_column="text"):
+def load_text_dataset(path: str | Path, text_column: str = "text") -> "Dataset":
     """A `datasets.Dataset` with one stripped, non-empty line of the text file `path` per row."""
     from datasets import Dataset
 
@@ -152,7 +164,9 @@ class OptimusTrainer(TermLoggingTrainer):
         if text_column is not None and text_column not in self._signature_columns:
             self._signature_columns.append(text_column)
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+    def compute_loss(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
+                     num_items_in_batch: torch.Tensor | int | None = None,
+                     ) -> torch.Tensor | tuple[torch.Tensor, ModelOutput]:
         outputs = model(**inputs)
         for name in ("loss_rec", "loss_kl"):
             if outputs.get(name) is not None:  # loss_kl is None when the batch has no encoder side
@@ -164,11 +178,14 @@ class OptimusTrainer(TermLoggingTrainer):
         return (outputs.loss, outputs) if return_outputs else outputs.loss
 
 
-def finetune_optimus(model, processor, dataset, output_dir=None, max_steps=None, batch_size=8, learning_rate=5e-5,
-                     n_cycles=1, ratio_zero=DEFAULT_RATIO_ZERO, ratio_increase=DEFAULT_RATIO_INCREASE,
-                     logging_steps=50, seed=42, max_length=None, text_column="text", callbacks=(), log_to_stderr=False,
-                     save_steps=None, save_total_limit=2, print_logs=True, args: TrainingArguments | None = None,
-                     **training_kwargs) -> "OptimusTrainer":
+def finetune_optimus(model: "OptimusModel | PeftModel", processor: OptimusProcessor, dataset: "Dataset",
+                     output_dir: str | Path | None = None, max_steps: int | None = None, batch_size: int = 8,
+                     learning_rate: float = 5e-5, n_cycles: int = 1, ratio_zero: float = DEFAULT_RATIO_ZERO,
+                     ratio_increase: float = DEFAULT_RATIO_INCREASE, logging_steps: int = 50, seed: int = 42,
+                     max_length: int | None = None, text_column: str = "text",
+                     callbacks: Sequence[TrainerCallback] = (), log_to_stderr: bool = False,
+                     save_steps: int | None = None, save_total_limit: int | None = 2, print_logs: bool = True,
+                     args: TrainingArguments | None = None, **training_kwargs: Any) -> "OptimusTrainer":
     """Fine-tune `model` on the `text_column` of `dataset` with the original objective (cyclical KL schedule up to
     `config.beta`, free bits, length weighting as configured); the trained model stays in memory.
 

@@ -22,15 +22,13 @@ AUTO_MAP = auto_map(UniversalTransformerConfig, AUTO_CLASSES)
 
 TOP_LEVEL = ["UniversalTransformerConfig", "UniversalTransformerForSeq2SeqLM",
              "UniversalTransformerForSequenceClassification", "UniversalTransformerModel"]  # re-exported by hf_ext
-APP_MODEL_TYPES = (UniversalTransformerConfig.model_type,)  # served by this package's app.py (`hf-ext serve`)
-
 
 def register() -> None:
     """Register the model with transformers' Auto classes (done by `import hf_ext`)."""
     register_auto_classes(UniversalTransformerConfig, AUTO_CLASSES)
 
 
-__all__ = ["APP_MODEL_TYPES", "AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "UniversalTransformerConfig",
+__all__ = ["AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "UniversalTransformerConfig",
            "UniversalTransformerForSeq2SeqLM", "UniversalTransformerForSequenceClassification",
            "UniversalTransformerModel", "UniversalTransformerModelOutput", "UniversalTransformerPreTrainedModel",
            "UniversalTransformerSeq2SeqLMOutput", "UniversalTransformerSequenceClassifierOutput", "register",

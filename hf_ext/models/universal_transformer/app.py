@@ -1,14 +1,22 @@
 """The Universal Transformer app of `hf-ext serve`: an input's output (seq2seq models, greedy) and the halting map of
 ACT, the ponder time N + R of every encoder and decoder position, as a heatmap and a table.
 
-The API name (gradio_client): `halting_map`. Needs gradio (`hf-ext[app]`); not imported by the package."""
+The API name (gradio_client): `halting_map`. Needs gradio (`hf-ext[app]`), which `build_app`
+imports; not imported by the package."""
 
-import gradio as gr
+from typing import TYPE_CHECKING
 
 from ...serve import MAX_TEXT_CHARS, checked_int, checked_text, user_errors
 from . import UniversalTransformerForSeq2SeqLM
 from .commands import load_model_and_tokenizer
 from .training import HaltingRow, halting_map, halting_map_figure
+
+if TYPE_CHECKING:  # gradio and matplotlib are optional
+    import gradio as gr
+    from matplotlib.figure import Figure
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+MODEL_TYPES = ("universal-transformer",)  # the model types this app serves
 
 MAX_NEW_TOKENS = 128
 
@@ -16,7 +24,7 @@ MAX_NEW_TOKENS = 128
 class UniversalTransformerApp:
     """The app's functions over one model and its tokenizer."""
 
-    def __init__(self, model, tokenizer):
+    def __init__(self, model: "PreTrainedModel", tokenizer: "PreTrainedTokenizerBase") -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
 
@@ -34,7 +42,7 @@ class UniversalTransformerApp:
         return output, [{"side": row.side, "tokens": row.tokens, "ponder_time": row.ponder_time} for row in rows]
 
     @staticmethod
-    def views(rows: list[dict], text: str):
+    def views(rows: list[dict], text: str) -> "tuple[Figure | None, list[list]]":
         """The heatmap and the per-position table of `halting_map`'s rows."""
         if not rows:
             return None, []
@@ -44,8 +52,10 @@ class UniversalTransformerApp:
         return figure, table
 
 
-def build_app(source: str, trust_remote_code: bool | None = None) -> gr.Blocks:
+def build_app(source: str, trust_remote_code: bool | None = None) -> "gr.Blocks":
     """The halting-map viewer of the Universal Transformer in `source` (a folder or Hub repo id)."""
+    import gradio as gr
+
     model, tokenizer = load_model_and_tokenizer(source, trust_remote_code)
     app = UniversalTransformerApp(model, tokenizer)
     config = model.config

@@ -4,10 +4,12 @@ the paper's algorithmic tasks, and plot the halting map of an input."""
 import argparse
 import json
 
+from transformers import PreTrainedTokenizerBase
+
 from ...arguments import fraction, positive_float, positive_int
 from ...cli import add_model_argument, model_commands
 from ...errors import require
-from . import conversion
+from . import UniversalTransformerPreTrainedModel, conversion
 
 
 def register(commands: argparse._SubParsersAction, converters: argparse._SubParsersAction) -> None:
@@ -46,7 +48,8 @@ def register(commands: argparse._SubParsersAction, converters: argparse._SubPars
     parser.set_defaults(handler=_halting_map)
 
 
-def add_algorithmic_arguments(parser, train_length, test_length, max_steps):
+def add_algorithmic_arguments(parser: argparse.ArgumentParser, train_length: int, test_length: int,
+                              max_steps: int) -> None:
     """The data, model-size and optimisation options of an algorithmic-task run (also used by
     reproductions/ut_algorithmic.py, with its own defaults for the lengths and the step count)."""
     parser.add_argument("--train-length", type=positive_int, default=train_length,
@@ -106,7 +109,8 @@ def _train_algorithmic(args):
     print(json.dumps({"output_dir": str(args.output_dir), **results}))
 
 
-def load_model_and_tokenizer(source: str, trust_remote_code: bool | None = None):
+def load_model_and_tokenizer(source: str, trust_remote_code: bool | None = None,
+                             ) -> tuple[UniversalTransformerPreTrainedModel, PreTrainedTokenizerBase]:
     """A Universal Transformer (as the seq2seq or classification model its config's architectures name, else the
     encoder) and its tokenizer from `source` (a folder or Hub repo id); one error line when either does not load."""
     from transformers import AutoModel, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, AutoTokenizer

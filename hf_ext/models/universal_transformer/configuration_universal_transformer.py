@@ -159,11 +159,11 @@ class UniversalTransformerConfig(PretrainedConfig):
         self.validate_universal_transformer()
 
     @property
-    def num_step_signals(self):
+    def num_step_signals(self) -> int:
         """How many steps the loop can take, so how many step embeddings there are."""
         return self.act_max_steps if self.use_act else self.num_steps
 
-    def validate_universal_transformer(self):
+    def validate_universal_transformer(self) -> None:
         """Raise `ValueError` with one clear line for a configuration the model cannot run."""
         for name in ("vocab_size", "hidden_size", "embedding_size", "num_attention_heads", "attention_key_depth",
                      "attention_value_depth", "intermediate_size", "num_steps", "act_max_steps"):

@@ -15,7 +15,9 @@ embedding projection, threshold 0.9, every position transformed at every step) a
 positions, then a linear map tied to the embeddings) becomes the classifier over `num_vocab` labels.
 """
 
+import argparse
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers.utils import logging
@@ -62,7 +64,7 @@ FINAL_NORM_KEYS = {"transformer_enc.layer_norm.gamma": ENCODER_PREFIX + "final_l
 BABI_MASK_KEY = "mask"  # bAbI's positional mask for bag-of-words sentence embeddings: input preparation
 
 
-def read_arguments(path):
+def read_arguments(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """The constructor arguments and overrides from SRC/config.json, checked."""
     document = read_json(path, "constructor arguments")
     if not isinstance(document, dict):
@@ -85,7 +87,8 @@ def read_arguments(path):
     return {**OPTIONAL_ARGUMENTS, **arguments}, overrides
 
 
-def build_config(arguments, overrides, final_layer_norm=False):
+def build_config(arguments: dict[str, Any], overrides: dict[str, Any], final_layer_norm: bool = False,
+                 ) -> UniversalTransformerConfig:
     """`UniversalTransformerConfig` that reproduces the original's encoder and answer layer."""
     hidden = arguments["hidden_size"]
     if arguments["embedding_size"] != hidden:
@@ -114,7 +117,8 @@ def build_config(arguments, overrides, final_layer_norm=False):
         raise HfExtError(f"bad model arguments: {error}") from None
 
 
-def convert_state_dict(state, config, source, has_halting_unit):
+def convert_state_dict(state: dict[str, torch.Tensor], config: UniversalTransformerConfig, source: str | Path,
+                       has_halting_unit: bool) -> dict[str, torch.Tensor]:
     """Rename the original weights (of a model built with ACT when `has_halting_unit`); one clear error for missing
     or unexpected keys and for shapes that disagree with the constructor arguments."""
     original_keys = {**KEY_MAP, **FINAL_NORM_KEYS, **(HALTING_KEYS if has_halting_unit else {})}
@@ -143,7 +147,8 @@ def convert_state_dict(state, config, source, has_halting_unit):
     return converted_state
 
 
-def reference_errors(model, reference):
+def reference_errors(model: UniversalTransformerForSequenceClassification, reference: dict[str, torch.Tensor],
+                     ) -> dict[str, float]:
     """Max abs errors against tensors the original computed (the fixtures' reference.safetensors: from
     `encoder_inputs_embeds`, the ACT and fixed-depth encoder outputs, halting pattern, ponder cost and logits)."""
     errors = {}
@@ -164,8 +169,10 @@ def reference_errors(model, reference):
     return errors
 
 
-def convert_universal_transformer_checkpoint(src, out, *, final_layer_norm=False, reference=None, overwrite=False,
-                                             push_to_hub=None, private=False, token=None):
+def convert_universal_transformer_checkpoint(src: str | Path, out: str | Path, *, final_layer_norm: bool = False,
+                                             reference: str | Path | None = None, overwrite: bool = False,
+                                             push_to_hub: str | None = None, private: bool = False,
+                                             token: str | None = None) -> dict[str, float]:
     """Convert SRC (state_dict.pt + config.json of a BabiUTransformer) into a model folder at `out`, written
     atomically, with a model card recording the source files and the parity measured; optionally push it.
     Returns the parity errors."""
@@ -229,7 +236,7 @@ CONVERT_SUMMARY = ("Universal Transformer checkpoints of the PyTorch re-implemen
                    "(andreamad8/Universal-Transformer-Pytorch)")
 
 
-def add_arguments(parser):
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`hf-ext convert universal-transformer` arguments (also used by
     conversion/convert_universal_transformer_original_checkpoint.py)."""
     parser.add_argument("src", help=f"folder with the original's {WEIGHTS_FILE} (a BabiUTransformer state dict) and "
@@ -240,7 +247,7 @@ def add_arguments(parser):
     add_output_arguments(parser)
 
 
-def run(args):
+def run(args: argparse.Namespace) -> None:
     parity = convert_universal_transformer_checkpoint(
         args.src, args.out, final_layer_norm=args.final_layer_norm, reference=args.reference,
         overwrite=args.overwrite, push_to_hub=args.push_to_hub, private=args.private, token=args.token,

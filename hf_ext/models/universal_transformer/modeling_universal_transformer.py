@@ -17,6 +17,7 @@ neighbour) but compute queries, attention output and transition only for the pos
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -106,7 +107,8 @@ class UniversalTransformerSeq2SeqLMOutput(ModelOutput):
     encoder_attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-def timing_signal(length, channels, device=None, dtype=torch.float32):
+def timing_signal(length: int, channels: int, device: torch.device | str | None = None,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """tensor2tensor's sinusoid `[length, channels]`: `[sin(pos * inv) | cos(pos * inv)]` with
     `inv_i = exp(-i ln(1e4) / max(n - 1, 1))`, n = channels // 2 (halves concatenated, zero-padded if odd)."""
     num_timescales = channels // 2
@@ -117,12 +119,13 @@ def timing_signal(length, channels, device=None, dtype=torch.float32):
     return signal.to(device=device, dtype=dtype)
 
 
-def at_least_float32(dtype):
+def at_least_float32(dtype: torch.dtype) -> torch.dtype:
     """The dtype for ACT bookkeeping and losses: float32, or wider if the model is."""
     return torch.promote_types(dtype, torch.float32)
 
 
-def attention_bias(attention_mask, length, causal, dtype, device):
+def attention_bias(attention_mask: torch.Tensor | None, length: int, causal: bool, dtype: torch.dtype,
+                   device: torch.device | str | None) -> torch.Tensor | None:
     """Additive mask `[batch or 1, 1, length or 1, length]`: 0 where a query may attend, the dtype's minimum elsewhere
     (a fully masked row then attends uniformly instead of producing NaN); None without a mask and not causal. A given
     mask is used even when it masks nothing: checking would be a data-dependent branch, which `torch.export` refuses."""
@@ -137,7 +140,7 @@ def attention_bias(attention_mask, length, causal, dtype, device):
     return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
-def running_positions(running):
+def running_positions(running: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`[batch, R]` indices of the running positions of each row (in order; rows with fewer are filled up with
     other, distinct positions) and the `[batch, R]` mask of the slots that hold a running position."""
     counts = running.sum(dim=1)
@@ -148,19 +151,20 @@ def running_positions(running):
     return index, valid
 
 
-def gather_positions(values, index):
+def gather_positions(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """`values[b, index[b, r]]` for `[batch, length, ...]` values."""
     shape = index.shape + values.shape[2:]
     return values.gather(1, index.view(*index.shape, *([1] * (values.dim() - 2))).expand(shape))
 
 
-def scatter_positions(base, index, valid, values):
+def scatter_positions(base: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, values: torch.Tensor,
+                      ) -> torch.Tensor:
     """`base` with the valid slots of `values` written at their positions (differentiable)."""
     values = torch.where(valid.unsqueeze(-1), values, gather_positions(base, index))
     return base.scatter(1, index.unsqueeze(-1).expand(values.shape), values)
 
 
-def scatter_query_rows(weights, index, valid, length):
+def scatter_query_rows(weights: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, length: int) -> torch.Tensor:
     """Attention weights `[batch, heads, R, keys]` of the running queries as `[batch, heads, length, keys]`, zero in
     the rows of the other positions."""
     weights = weights * valid[:, None, :, None].to(weights.dtype)
@@ -186,7 +190,7 @@ class UniversalTransformerLayerNorm(nn.Module):
             return self.weight * (hidden - mean) / (hidden.std(-1, keepdim=True) + self.eps) + self.bias
         return F.layer_norm(hidden, self.weight.shape, self.weight, self.bias, self.eps)
 
-    def statistics(self, hidden):
+    def statistics(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The mean `[..., 1]` and the inverse scale `[..., 1]` this norm computes for `hidden`:
         `forward(hidden) = weight * (hidden - mean) * inverse_scale + bias`."""
         if self.unbiased_std:
@@ -199,7 +203,7 @@ class UniversalTransformerLayerNorm(nn.Module):
         return mean, torch.rsqrt(variance + self.eps)
 
 
-def layer_norm(config):
+def layer_norm(config: UniversalTransformerConfig) -> UniversalTransformerLayerNorm:
     return UniversalTransformerLayerNorm(config.hidden_size, config.layer_norm_eps,
                                          config.layer_norm_type == "unbiased_std")
 
@@ -225,15 +229,16 @@ class UniversalTransformerAttention(nn.Module):
     def _heads(self, states, head_dim):
         return states.view(*states.shape[:2], self.num_heads, head_dim).transpose(1, 2)
 
-    def project_key_value(self, states):
+    def project_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`[batch, length, hidden]` -> keys and values `[batch, heads, length, head_dim]`."""
         return self.split_heads(self.k_proj(states), self.v_proj(states))
 
-    def split_heads(self, key, value):
+    def split_heads(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Projected keys and values `[batch, length, depth]` -> `[batch, heads, length, head_dim]`."""
         return self._heads(key, self.key_head_dim), self._heads(value, self.value_head_dim)
 
-    def key_value_weights(self, norm):
+    def key_value_weights(self, norm: UniversalTransformerLayerNorm,
+                          ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None:
         """The key and value projections folded with the pre-norm's weight, for `FrozenKeyValues`; None when the
         projections are not plain linear maps (adapters such as PEFT's LoRA wrap them)."""
         if type(self.k_proj) is not nn.Linear or type(self.v_proj) is not nn.Linear:
@@ -259,14 +264,14 @@ class UniversalTransformerAttention(nn.Module):
         return self.o_proj(output if valid is None else output[valid]), weights
 
 
-def padded_conv(conv, hidden, causal):
+def padded_conv(conv: nn.Module, hidden: torch.Tensor, causal: bool) -> torch.Tensor:
     """Apply a `Conv1d` along the sequence of `[batch, length, channels]`: SAME padding, or LEFT (causal)."""
     width = conv.weight.shape[-1]  # not kernel_size: adapter wrappers (PEFT LoRA) expose the weight only
     padding = (width - 1, 0) if causal else (width // 2, (width - 1) // 2)
     return conv(F.pad(hidden.transpose(1, 2), padding)).transpose(1, 2)
 
 
-def zero_padding(hidden, nonpadding):
+def zero_padding(hidden: torch.Tensor, nonpadding: torch.Tensor | None) -> torch.Tensor:
     """Padding positions must not leak into convolutions (t2t's `maybe_zero_out_padding`)."""
     return hidden if nonpadding is None else hidden * nonpadding
 
@@ -352,7 +357,7 @@ class FrozenKeyValues:
         self.cached = torch.zeros(state.shape[:2], dtype=torch.bool, device=state.device)
 
     @property
-    def usable(self):
+    def usable(self) -> bool:
         return self.weights is not None
 
     def __call__(self, base, signal, step_input, halted):
@@ -406,7 +411,8 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
         passthrough = states if passthrough is None else passthrough
         index = valid = None
         hidden, bias = states, self_attention_bias
-        if running is not None:
+        # packing has data-dependent shapes: an exported graph computes every position and keeps the halted ones
+        if running is not None and not torch.compiler.is_exporting():
             # the running positions packed across the batch (`[running.sum(), hidden]`), so that batch rows with
             # fewer running positions than the most cost nothing; laid out per batch row only for attention
             index, valid = running_positions(running)
@@ -439,6 +445,8 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
                 return passthrough.index_put((running,), hidden), self_weights, cross_weights
             # a convolution reads neighbours: positions not transformed pass their step input through unchanged
             hidden = states.index_put((running,), hidden)
+        elif running is not None:
+            hidden = torch.where(running.unsqueeze(-1), hidden, states)
         hidden = hidden + self.dropout(self.transition(self.transition_layer_norm(hidden), nonpadding))
         if running is not None:
             hidden = torch.where(running.unsqueeze(-1), hidden, passthrough)
@@ -466,14 +474,14 @@ class UniversalTransformerStack(nn.Module):
                                 if config.step_signal == "learned" else None)
         self.final_layer_norm = layer_norm(config) if config.final_layer_norm else None
 
-    def embed(self, input_ids):
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Scaled token embeddings; padding tokens embed to zero (t2t's symbol bottom)."""
         embeds = self.embed_tokens(input_ids) * self.embed_scale
         if self.config.pad_token_id is not None:
             embeds = embeds * (input_ids != self.config.pad_token_id).unsqueeze(-1).to(embeds.dtype)
         return embeds
 
-    def step_signals(self, device, dtype):
+    def step_signals(self, device: torch.device | str | None, dtype: torch.dtype) -> torch.Tensor:
         """`[num_step_signals, hidden]`: the signal added before each step."""
         config = self.config
         if config.step_signal == "learned":
@@ -491,7 +499,7 @@ class UniversalTransformerStack(nn.Module):
         encoder_attention_mask: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        **kwargs,
+        **kwargs: Any,
     ) -> UniversalTransformerModelOutput:
         """One side's pass; `output_attentions` / `output_hidden_states` default to the config's."""
         if (input_ids is None) == (inputs_embeds is None):
@@ -565,10 +573,14 @@ class UniversalTransformerStack(nn.Module):
         remainders = torch.zeros_like(halting_probability)
         n_updates = torch.zeros_like(halting_probability)
         mixed = torch.zeros_like(state)
+        # An exported graph cannot hold the loop's data-dependent exit nor the packing of the running positions: it
+        # takes all `max_steps` steps with every position computed and the halted ones kept (`torch.where`), which
+        # gives the same outputs, since a step after every position halted changes nothing.
+        exporting = torch.compiler.is_exporting()
         frozen_key_values = FrozenKeyValues(self.layer.self_attn, self.layer.self_attn_layer_norm, state) \
-            if frozen else None
+            if frozen and not exporting else None
         for step in range(max_steps):
-            if not bool(((halting_probability < threshold) & (n_updates < max_steps)).any()):
+            if not exporting and not bool(((halting_probability < threshold) & (n_updates < max_steps)).any()):
                 break
             base = state + position
             step_input = base + steps[step]
@@ -582,11 +594,11 @@ class UniversalTransformerStack(nn.Module):
             halting_probability = halting_probability + new_halted * remainders
             n_updates = n_updates + still_running + new_halted
             update_weights = (p * still_running + new_halted * remainders).unsqueeze(-1).to(state.dtype)
-            if frozen and not bool(running.all()):
+            if frozen and (exporting or not bool(running.all())):
                 # halted positions are only read: their queries and transition are not computed, nor, when the
                 # projections are plain, their keys and values from scratch
                 key_value = frozen_key_values(base, steps[step], step_input, ~running) \
-                    if frozen_key_values.usable else None
+                    if frozen_key_values is not None and frozen_key_values.usable else None
                 state = transform(step_input, running, key_value, passthrough=state)
             else:
                 state = transform(step_input)
@@ -636,10 +648,10 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
         self.encoder = UniversalTransformerStack(config, False, nn.Embedding(config.vocab_size, config.embedding_size))
         self.post_init()
 
-    def get_input_embeddings(self):
+    def get_input_embeddings(self) -> nn.Embedding:
         return self.encoder.embed_tokens
 
-    def set_input_embeddings(self, value):
+    def set_input_embeddings(self, value: nn.Module) -> None:
         self.encoder.embed_tokens = value
 
     @can_return_tuple
@@ -650,13 +662,13 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
         inputs_embeds: torch.FloatTensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        **kwargs,
+        **kwargs: Any,
     ) -> UniversalTransformerModelOutput:
         return self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
                             output_attentions=output_attentions, output_hidden_states=output_hidden_states)
 
 
-def act_loss(config, *ponder_costs):
+def act_loss(config: UniversalTransformerConfig, *ponder_costs: torch.Tensor | None) -> torch.Tensor | float:
     """`act_loss_weight` x the summed ponder costs (0 without ACT)."""
     costs = [cost for cost in ponder_costs if cost is not None]
     return config.act_loss_weight * sum(costs) if costs else 0.0
@@ -675,10 +687,10 @@ class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrain
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def get_input_embeddings(self):
+    def get_input_embeddings(self) -> nn.Embedding:
         return self.universal_transformer.get_input_embeddings()
 
-    def set_input_embeddings(self, value):
+    def set_input_embeddings(self, value: nn.Module) -> None:
         self.universal_transformer.set_input_embeddings(value)
 
     @can_return_tuple
@@ -690,7 +702,7 @@ class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrain
         labels: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        **kwargs,
+        **kwargs: Any,
     ) -> UniversalTransformerSequenceClassifierOutput:
         outputs = self.universal_transformer(input_ids=input_ids, attention_mask=attention_mask,
                                              inputs_embeds=inputs_embeds, output_attentions=output_attentions,
@@ -739,24 +751,25 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self):
+    def get_input_embeddings(self) -> nn.Embedding:
         return self.encoder.embed_tokens
 
-    def set_input_embeddings(self, value):
+    def set_input_embeddings(self, value: nn.Module) -> None:
         self.encoder.embed_tokens = value
         self.decoder.embed_tokens = value
 
-    def get_output_embeddings(self):
+    def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
-    def set_output_embeddings(self, new_embeddings):
+    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
         self.lm_head = new_embeddings
 
     @classmethod
     def _supports_default_dynamic_cache(cls):
         return False  # no decoding cache: nothing for generate() to build
 
-    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, **kwargs):
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, next_sequence_length: int | None = None,
+                                      **kwargs: Any) -> dict[str, Any]:
         # without a cache every step re-reads the whole decoder prefix (the ACT loop runs over all of it); a cache
         # arrives under no name this model reads (`cache` since transformers 5.24, `past_key_values` before)
         for unused in ("use_cache", "cache", "past_key_values"):
@@ -790,7 +803,7 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
         labels: torch.LongTensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        **kwargs,
+        **kwargs: Any,
     ) -> UniversalTransformerSeq2SeqLMOutput:
         r"""
         decoder_attention_mask: padding mask of the decoder input; derived from `labels != -100` when only labels

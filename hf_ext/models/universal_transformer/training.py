@@ -8,12 +8,22 @@ symbols shifted by two reserved ids (0 padding, 1 end of sequence), an end-of-se
 targets, addition over lower-endian numbers (least significant digit first) separated by a `+` symbol.
 """
 
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from transformers import DataCollatorForSeq2Seq, TrainingArguments
+from transformers import (
+    DataCollatorForSeq2Seq,
+    M2M100ForConditionalGeneration,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    TrainerCallback,
+    TrainingArguments,
+)
+from transformers.utils import ModelOutput
 
 from ...errors import HfExtError
 from ...plots import new_figure
@@ -22,6 +32,10 @@ from . import (
     UniversalTransformerConfig,
     UniversalTransformerForSeq2SeqLM,
 )
+
+if TYPE_CHECKING:  # datasets and matplotlib are imported only when a dataset is built or a figure drawn
+    from datasets import Dataset
+    from matplotlib.figure import Figure
 
 TASKS = ("copy", "reverse", "addition")
 PAD_TOKEN = "<pad>"
@@ -36,7 +50,7 @@ EOS_ID = SYMBOL_IDS[EOS_TOKEN]
 
 # ----- data ---------------------------------------------------------------------------------------------------------
 
-def algorithmic_tokenizer():
+def algorithmic_tokenizer() -> PreTrainedTokenizerFast:
     """A character-level `PreTrainedTokenizerFast` over `SYMBOLS` that appends the end-of-sequence id, as
     tensor2tensor's algorithmic problems do; it saves and loads with the model folder."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -62,7 +76,8 @@ def _lower_endian(number):
     return str(number)[::-1]
 
 
-def algorithmic_examples(task, num_examples, min_length, max_length, seed):
+def algorithmic_examples(task: str, num_examples: int, min_length: int, max_length: int, seed: int,
+                         ) -> Iterator[dict[str, Any]]:
     """Yield `num_examples` rows of `task` with input lengths drawn uniformly from [min_length, max_length] by a
     numpy generator seeded with `seed`. Each row holds the `inputs` and `targets` strings, their ids `input_ids` and
     `labels` (end-of-sequence id appended) and the input's `length` in characters."""
@@ -81,7 +96,8 @@ def algorithmic_examples(task, num_examples, min_length, max_length, seed):
                "labels": [SYMBOL_IDS[c] for c in targets] + [EOS_ID], "length": length}
 
 
-def algorithmic_dataset(task, num_examples, min_length=1, max_length=40, seed=0):
+def algorithmic_dataset(task: str, num_examples: int, min_length: int = 1, max_length: int = 40, seed: int = 0,
+                        ) -> "Dataset":
     """A `datasets.Dataset` of `algorithmic_examples` (`Dataset.from_generator`, kept in memory).
 
     Lengths are input lengths: the number of digits for copy and reverse, of digits plus the `+` for addition (which
@@ -108,8 +124,8 @@ def algorithmic_dataset(task, num_examples, min_length=1, max_length=40, seed=0)
 
 # ----- models -------------------------------------------------------------------------------------------------------
 
-def algorithmic_config(hidden_size=64, num_attention_heads=4, intermediate_size=256, act_max_steps=6, dropout=0.1,
-                       **overrides):
+def algorithmic_config(hidden_size: int = 64, num_attention_heads: int = 4, intermediate_size: int = 256,
+                       act_max_steps: int = 6, dropout: float = 0.1, **overrides: Any) -> UniversalTransformerConfig:
     """A small `UniversalTransformerConfig` over the algorithmic vocabulary, with ACT (the paper's setting) and one
     dropout rate for the inputs, sublayers, attention weights and transition. Label smoothing is off, as in the
     baseline's loss."""
@@ -121,7 +137,8 @@ def algorithmic_config(hidden_size=64, num_attention_heads=4, intermediate_size=
     return UniversalTransformerConfig(**values)
 
 
-def vanilla_transformer(config, num_layers=None):
+def vanilla_transformer(config: UniversalTransformerConfig, num_layers: int | None = None,
+                        ) -> M2M100ForConditionalGeneration:
     """The same-size vanilla Transformer baseline of a Universal Transformer `config`: transformers' M2M100 (the
     fairseq Transformer: pre-norm layers with a final norm, sinusoidal positions added once to embeddings scaled by
     sqrt(width), embeddings shared by encoder, decoder and softmax, as tensor2tensor's `transformer_base`) with the
@@ -147,7 +164,7 @@ def vanilla_transformer(config, num_layers=None):
     return M2M100ForConditionalGeneration(baseline)
 
 
-def count_parameters(model):
+def count_parameters(model: torch.nn.Module) -> int:
     """Distinct trainable parameters (tied weights counted once)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
@@ -164,7 +181,9 @@ class UniversalTransformerTrainer(TermLoggingTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, logged_terms=self.LOGGED_TERMS, **kwargs)
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+    def compute_loss(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
+                     num_items_in_batch: torch.Tensor | int | None = None,
+                     ) -> torch.Tensor | tuple[torch.Tensor, ModelOutput]:
         outputs = model(**inputs)
         for name in self.LOGGED_TERMS:
             if outputs.get(name) is not None:
@@ -210,11 +229,12 @@ class PositionOffsetCollator:
                 for name, values in rows.items()}
 
 
-def train_algorithmic(model: torch.nn.Module, train_dataset, output_dir=None, max_steps: int | None = None,
-                      batch_size: int = 32, learning_rate: float = 1e-3, warmup_steps: int | None = None,
-                      logging_steps: int = 50, seed: int = 0, callbacks=(), log_to_stderr: bool = False,
+def train_algorithmic(model: torch.nn.Module, train_dataset: "Dataset", output_dir: str | Path | None = None,
+                      max_steps: int | None = None, batch_size: int = 32, learning_rate: float = 1e-3,
+                      warmup_steps: int | None = None, logging_steps: int = 50, seed: int = 0,
+                      callbacks: Iterable[TrainerCallback] = (), log_to_stderr: bool = False,
                       position_offsets: int = 0, args: TrainingArguments | None = None,
-                      **training_kwargs) -> UniversalTransformerTrainer:
+                      **training_kwargs: Any) -> UniversalTransformerTrainer:
     """Train a seq2seq model (`UniversalTransformerForSeq2SeqLM`, the baseline, or a PEFT wrapper) on an
     `algorithmic_dataset` with `UniversalTransformerTrainer` (AdamW, linear warm-up over `warmup_steps`, default a
     tenth of the run, then linear decay). `output_dir` is the Trainer's working folder; the trained model stays in
@@ -253,7 +273,8 @@ def _strip(ids, eos_token_id):
 
 
 @torch.no_grad()
-def greedy_predictions(model, input_ids, batch_size=64, pad_token_id=PAD_ID, eos_token_id=EOS_ID):
+def greedy_predictions(model: torch.nn.Module, input_ids: Sequence[Sequence[int]], batch_size: int = 64,
+                       pad_token_id: int = PAD_ID, eos_token_id: int = EOS_ID) -> list[list[int]]:
     """Greedy `generate()` output for each input id list, cut at the end-of-sequence id (which is left out). Inputs
     are batched by length; each batch may generate as many tokens as its longest input plus one, so a prediction can
     run past a target of its input's length."""
@@ -277,7 +298,7 @@ def greedy_predictions(model, input_ids, batch_size=64, pad_token_id=PAD_ID, eos
     return predictions
 
 
-def evaluate_algorithmic(model, dataset, batch_size=64):
+def evaluate_algorithmic(model: torch.nn.Module, dataset: "Dataset", batch_size: int = 64) -> dict[str, float]:
     """Char- and sequence-accuracy (the offline `algorithmic_accuracy` metric) of greedy `generate()` on an
     `algorithmic_dataset`: `{"char_accuracy", "sequence_accuracy", "num_examples"}`."""
     from ...metrics import load_metric
@@ -288,7 +309,7 @@ def evaluate_algorithmic(model, dataset, batch_size=64):
 
 
 @torch.no_grad()
-def teacher_forced_accuracy(model: torch.nn.Module, dataset, batch_size: int = 64) -> dict:
+def teacher_forced_accuracy(model: torch.nn.Module, dataset: "Dataset", batch_size: int = 64) -> dict[str, float]:
     """Char- and sequence-accuracy of the model's next-symbol predictions with the true targets fed to the decoder
     (teacher forcing), as tensor2tensor evaluates (`utils/t2t_model.py` runs the model on the targets in EVAL mode
     unless `eval_run_autoregressive`; `utils/metrics.py`'s `padded_accuracy` and `padded_sequence_accuracy` take the
@@ -339,8 +360,9 @@ class AlgorithmicRun:
 
 def run_algorithmic(task: str, model: torch.nn.Module, name: str, train_length: int = 20, test_length: int = 40,
                     num_train: int = 20000, num_test: int = 200, max_steps: int = 1500, batch_size: int = 32,
-                    learning_rate: float = 1e-3, seed: int = 0, output_dir=None, eval_batch_size: int = 64,
-                    log_to_stderr: bool = False, position_offsets: int = 0, **training_kwargs) -> AlgorithmicRun:
+                    learning_rate: float = 1e-3, seed: int = 0, output_dir: str | Path | None = None,
+                    eval_batch_size: int = 64, log_to_stderr: bool = False, position_offsets: int = 0,
+                    **training_kwargs: Any) -> AlgorithmicRun:
     """Train `model` on `task` with input lengths in [1, train_length] (addition: [3, train_length]) and evaluate it
     with greedy decoding and with teacher forcing on `num_test` new examples at the training lengths and `num_test`
     at the longer lengths (train_length, test_length]. `position_offsets` goes to `train_algorithmic`. Returns an
@@ -389,7 +411,8 @@ MAX_HALTING_MAP_TOKENS = 512
 
 
 @torch.no_grad()
-def halting_map(model, tokenizer, text, max_new_tokens=None):
+def halting_map(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, text: str,
+                max_new_tokens: int | None = None) -> list[HaltingRow]:
     """The per-position ponder time N + R of `text` under a Universal Transformer with ACT: the encoder's over the
     input tokens and, for a seq2seq model, the decoder's over its greedy output (each decoder position labelled with
     the token it predicts). Returns a list of `HaltingRow`."""
@@ -429,13 +452,14 @@ def _ponder_time(n_updates, remainders):
     return (n_updates + remainders)[0].float().tolist()
 
 
-def plot_halting_map(rows, path, title=None, max_annotated=48):
+def plot_halting_map(rows: Iterable[HaltingRow], path: str | Path, title: str | None = None, max_annotated: int = 48,
+                     ) -> Path:
     """PNG (or any matplotlib format, from `path`'s suffix) of `halting_map_figure`."""
     halting_map_figure(rows, title, max_annotated).savefig(Path(path), dpi=100)
     return Path(path)
 
 
-def halting_map_figure(rows, title=None, max_annotated=48):
+def halting_map_figure(rows: Iterable[HaltingRow], title: str | None = None, max_annotated: int = 48) -> "Figure":
     """A figure of `halting_map` rows: one heatmap strip per side with a position per column, coloured by ponder
     time N + R on one shared scale, tokens under the columns and the values written in the cells when a side has at
     most `max_annotated` positions."""

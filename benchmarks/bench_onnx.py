@@ -1,0 +1,204 @@
+#!/usr/bin/env python
+"""ONNX Runtime against PyTorch eager, on graphs written by `hf-ext export onnx` (one run, same machine, same threads).
+
+(a) MT-DNN at BERT-base size (12 layers, 768 wide, vocabulary 30522) with a linear head (CoLA) and a SAN head (MNLI,
+    5 turns), and ERNIE 2.0 base as a sequence classifier with its task embedding: batch 1 x 128 and 16 x 128, eager
+    PyTorch (`torch.inference_mode`) against the float graph and the int8 graph (dynamic quantization of the
+    weights). Targets at batch 1: float at least 1.3x faster than eager, int8 at least 2x.
+(b) Prediction agreement of the int8 graph with the float model: the argmax of every classification head on the
+    GLUE and SNLI samples in tests/data (pairs padded to 128 tokens). Target: at least 99% unchanged.
+(c) Optimus greedy decoding with a GPT-2 small decoder: the ONNX Runtime loop (`OptimusOnnx.generate`, decoder step
+    with its key/value cache) against `OptimusModel.generate()`, both giving the same tokens.
+
+The weights are random (initialised as transformers does): no trained checkpoint can be downloaded here, so the
+agreement is measured on untrained heads, whose logits lie closer together than a trained model's.
+"""
+
+import csv
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import BertConfig, BertTokenizerFast, ErnieConfig, ErnieForSequenceClassification
+
+from hf_ext import MTDNNConfig, MTDNNModel, OptimusConfig
+from hf_ext.cli import _quiet_libraries
+from hf_ext.models.optimus.export_onnx import OptimusOnnx
+from hf_ext.models.optimus.samples import random_model
+from hf_ext.onnx_export import export_onnx, session
+from hf_ext.sample_text import train_bert_vocab
+from timing import benchmark_parser, report_ratio, setup, time_interleaved
+
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
+
+
+def encoder_sizes(quick):
+    return dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                intermediate_size=3072) if not quick else dict(vocab_size=300, hidden_size=32, num_hidden_layers=2,
+                                                                num_attention_heads=2, intermediate_size=64)
+
+
+def mtdnn_model(quick):
+    tasks = [{"name": "cola", "type": "classification", "num_labels": 2},
+             {"name": "mnli", "type": "classification", "num_labels": 3, "head": "san"}]
+    return MTDNNModel(MTDNNConfig(encoder=BertConfig(**encoder_sizes(quick)), tasks=tasks)).eval()
+
+
+def ernie_model(quick):
+    config = ErnieConfig(**encoder_sizes(quick), use_task_id=True, task_type_vocab_size=3, num_labels=3)
+    return ErnieForSequenceClassification(config).eval()
+
+
+def sample_pairs():
+    """Sentence pairs of the GLUE samples (every task, split and row) and of consecutive SNLI sentences."""
+    pairs = []
+    for path in sorted((DATA / "glue_samples").glob("*/*.tsv")):
+        with open(path, encoding="utf-8", newline="") as file:
+            rows = list(csv.reader(file, delimiter="\t", quoting=csv.QUOTE_NONE))
+        for row in rows[1:]:
+            texts = sorted((field for field in row if len(field.split()) > 3 and "(" not in field), key=len)[-2:]
+            if texts:
+                pairs.append(tuple(texts) if len(texts) == 2 else (texts[0], None))
+    sentences = (DATA / "snli_sentences" / "test.txt").read_text(encoding="utf-8").split("\n")
+    sentences = [sentence for sentence in sentences if sentence.strip()]
+    pairs += list(zip(sentences[::2], sentences[1::2]))
+    return pairs
+
+
+def tokenized_pairs(folder, vocab_size, length):
+    pairs = sample_pairs()
+    sentences = [text for pair in pairs for text in pair if text]
+    vocab = train_bert_vocab(sentences, folder, vocab_size=min(vocab_size, 2000))
+    tokenizer = BertTokenizerFast(vocab_file=str(vocab))
+    batch = tokenizer([first for first, _ in pairs], [second or "" for _, second in pairs], padding="max_length",
+                      truncation=True, max_length=length, return_tensors="np")
+    return {name: batch[name].astype(np.int64) for name in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+def ort_feeds(graph, inputs):
+    names = {node.name for node in graph.get_inputs()}
+    return {name: value for name, value in inputs.items() if name in names}
+
+
+def classifier_benchmark(name, model, vocab_size, folder, shapes, repeats, agreement_inputs, label_outputs):
+    """Time eager / float / int8 at each shape, then the int8 graph's agreement with the float model."""
+    model.save_pretrained(folder / name)
+    report = export_onnx(folder / name, folder / f"{name}-onnx", quantize="int8")
+    errors = [check["max_abs_error"] for check in report["graphs"][0]["checks"]]
+    print(f"{name}: exported in {report['seconds']} s; float graph max abs error against PyTorch {max(errors):.1e}")
+    graphs = {kind: session(folder / f"{name}-onnx" / file) for kind, file in
+              (("float", "model.onnx"), ("int8", "model_int8.onnx"))}
+    wrapper = _graph_module(name, model)
+    generator = torch.Generator().manual_seed(0)
+    for batch, length in shapes:
+        inputs = {"input_ids": torch.randint(5, vocab_size, (batch, length), generator=generator),
+                  "attention_mask": torch.ones(batch, length, dtype=torch.long),
+                  "token_type_ids": torch.zeros(batch, length, dtype=torch.long)}
+        inputs["token_type_ids"][:, length // 2:] = 1
+        if "task_type_ids" in report["graphs"][0]["inputs"]:
+            inputs["task_type_ids"] = torch.ones(batch, length, dtype=torch.long)
+        arrays = {key: value.numpy() for key, value in inputs.items()}
+        args = [inputs[key] for key in report["graphs"][0]["inputs"]]
+
+        def eager():
+            with torch.inference_mode():
+                wrapper(*args)
+
+        print(f"{name} at batch {batch} x {length}:")
+        times = time_interleaved({"eager": eager,
+                                  "onnxruntime float": lambda: graphs["float"].run(None, ort_feeds(graphs["float"],
+                                                                                                   arrays)),
+                                  "onnxruntime int8": lambda: graphs["int8"].run(None, ort_feeds(graphs["int8"],
+                                                                                                 arrays))}, repeats)
+        targets = (1.3, 2.0) if batch == 1 else (None, None)
+        for kind, target in zip(("float", "int8"), targets):
+            report_ratio(f"{name} {batch}x{length}: eager time / onnxruntime {kind} time", times["eager"],
+                         times[f"onnxruntime {kind}"], target, higher_is_better=True)
+    feeds = dict(agreement_inputs)
+    if "task_type_ids" in report["graphs"][0]["inputs"]:
+        feeds["task_type_ids"] = np.ones_like(feeds["input_ids"])
+    float_outputs = dict(zip(report["graphs"][0]["outputs"], graphs["float"].run(None, ort_feeds(graphs["float"],
+                                                                                                 feeds))))
+    int8_outputs = dict(zip(report["graphs"][0]["outputs"], graphs["int8"].run(None, ort_feeds(graphs["int8"], feeds))))
+    same = total = 0
+    for output in label_outputs:
+        same += int((float_outputs[output].argmax(-1) == int8_outputs[output].argmax(-1)).sum())
+        total += len(float_outputs[output])
+        error = np.abs(float_outputs[output] - int8_outputs[output]).max()
+        print(f"  {output}: int8 max abs error {error:.3f}")
+    fraction = same / total
+    print(f"RESULT {name}: int8 argmax agreement with the float model on {total} head predictions "
+          f"({len(feeds['input_ids'])} sample pairs): {fraction:.1%} (target >= 99%: "
+          f"{'met' if fraction >= 0.99 else 'MISSED'})")
+
+
+def _graph_module(name, model):
+    """The module the exporter wrapped, run eagerly for the timing."""
+    if name == "mtdnn":
+        from hf_ext.models.mtdnn.export_onnx import MTDNNHeads
+
+        return MTDNNHeads(model, model.config.task_names)
+    from hf_ext.models.ernie2.export_onnx import ErnieGraph
+
+    return ErnieGraph(model, ["logits"])
+
+
+def optimus_benchmark(folder, quick, repeats):
+    from transformers import GPT2Config
+
+    vocab = 1003 if quick else 50260  # the last three ids: <PAD>, <BOS>, <EOS>
+    width, layers, heads = (64, 2, 2) if quick else (768, 12, 12)
+    decoder = GPT2Config(vocab_size=vocab, n_embd=width, n_layer=layers, n_head=heads, n_positions=1024,
+                         pad_token_id=vocab - 3, bos_token_id=vocab - 2, eos_token_id=vocab - 1)
+    encoder = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=1,
+                         intermediate_size=64)
+    model = random_model(OptimusConfig(encoder=encoder, decoder=decoder, latent_size=32), seed=0, scale=0.02).eval()
+    model.save_pretrained(folder / "optimus")
+    report = export_onnx(folder / "optimus", folder / "optimus-onnx")
+    print(f"optimus: exported in {report['seconds']} s")
+    runtime = OptimusOnnx(folder / "optimus-onnx")
+    batch, new_tokens = (2, 4) if quick else (4, 32)
+    latent_z = torch.randn(batch, 32, generator=torch.Generator().manual_seed(0))
+    # <EOS> banned in both (min_new_tokens), so that every call decodes exactly `new_tokens` tokens
+    expected = model.generate(latent_z=latent_z, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                              do_sample=False)
+    produced = runtime.generate(latent_z.numpy(), max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+    same = np.array_equal(produced, expected.numpy())
+    print(f"optimus greedy decoding of {batch} latents x {new_tokens} tokens (decoder {layers} layers, {width} wide, "
+          f"vocabulary {vocab}); same tokens: {same}")
+    if not same:
+        raise SystemExit("the ONNX Runtime loop and generate() disagree")
+
+    def eager():
+        with torch.inference_mode():
+            model.generate(latent_z=latent_z, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+
+    times = time_interleaved({"generate()": eager,
+                              "onnxruntime loop": lambda: runtime.generate(
+                                  latent_z.numpy(), max_new_tokens=new_tokens, min_new_tokens=new_tokens)}, repeats)
+    report_ratio("optimus greedy decoding: generate() time / onnxruntime loop time", times["generate()"],
+                 times["onnxruntime loop"], higher_is_better=True)
+    print(f"  ({statistics.median(times['onnxruntime loop']) / new_tokens * 1000:.1f} ms per token on ONNX Runtime)")
+
+
+def main():
+    args = benchmark_parser(__doc__).parse_args()
+    repeats = setup(args, default_repeats=5)
+    _quiet_libraries()
+    length = 16 if args.quick else 128
+    shapes = [(1, length), (2 if args.quick else 16, length)]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        torch.manual_seed(0)
+        vocab_size = encoder_sizes(args.quick)["vocab_size"]
+        pairs = tokenized_pairs(folder / "vocab", vocab_size, length)
+        classifier_benchmark("mtdnn", mtdnn_model(args.quick), vocab_size, folder, shapes, repeats, pairs,
+                             ["logits_cola", "logits_mnli"])
+        classifier_benchmark("ernie", ernie_model(args.quick), vocab_size, folder, shapes, repeats, pairs, ["logits"])
+        optimus_benchmark(folder, args.quick, repeats)
+
+
+if __name__ == "__main__":
+    main()
