@@ -1,10 +1,9 @@
 """`hf-ext serve MODEL`: a model's interactive app in the browser (Gradio), chosen by the model's type.
 
 The apps live with their models: `hf_ext/models/<m>/app.py`, with the model types it serves (`MODEL_TYPES`) and
-`build_app(source, trust_remote_code)`, which imports gradio. What is shared is here: the
-command, finding the app through `MODELS`, the limits on what a request may hold, turning failures into one message
-in the page (`gr.Error`) and launching on a local address with nothing sent anywhere else. Gradio is optional
-(`pip install 'hf-ext[app]'`).
+`build_app(source, trust_remote_code)`, which imports gradio. What is shared is here: the command, finding the app
+through `MODELS`, the limits on what a request may hold, turning failures into one message in the page (`gr.Error`)
+and launching on a local address with nothing sent anywhere else. Gradio is optional (`pip install 'hf-ext[app]'`).
 """
 
 import argparse
@@ -36,7 +35,7 @@ DEFAULT_PORT = 7860
 # what one request may carry: a text box holds a sentence or two, a request a few of them
 MAX_TEXT_CHARS = 500
 MAX_REQUEST_BYTES = 64 * 1024
-# requests waiting for the model, which answers one at a time (a CPU model gains nothing from more)
+# requests waiting for the model, which answers one at a time (its forward passes share one set of weights and threads)
 MAX_QUEUED = 32
 
 
