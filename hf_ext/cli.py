@@ -1,4 +1,4 @@
-"""The `hf-ext` command: conversion, Hub publishing and each model's own tools.
+"""The `hf-ext` command: conversion, Hub publishing, the apps in the browser and each model's own tools.
 
 Every failure a user can cause (bad input, refused checkpoint, bad argument) ends with one `hf-ext: error: ...`
 line on stderr and a non-zero exit; set HF_EXT_DEBUG=1 for the traceback.
@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from .errors import HfExtError, one_line
 from .models import MODELS
+from .serve import add_serve_command
 
 
 class Parser(argparse.ArgumentParser):
@@ -62,6 +63,7 @@ def build_parser(prog: str = "hf-ext") -> Parser:
                       "of the weights) and measure its errors")
     onnx.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     onnx.set_defaults(handler=_run_export_onnx)
+    add_serve_command(commands)
 
     for name in MODELS:  # each model adds its converter and its own commands
         importlib.import_module(f"hf_ext.models.{name}.commands").register(commands, converters)

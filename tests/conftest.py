@@ -1,6 +1,8 @@
 """Shared test fixtures: where the repository and its test fixtures are (`tests/fixtures/`, written by the original
-implementations; see `tests/fixtures/README.md`), and the tiny Optimus fixture converted once per session."""
+implementations; see `tests/fixtures/README.md`), the tiny Optimus fixture converted once per session, and for
+`hf-ext serve`: a tiny model folder of each model with an app, and its app running on a free local port."""
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -138,3 +140,112 @@ def require_extra(extra: str, *modules: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI installs every extra, but this test {message}", pytrace=False)
     pytest.skip(message, allow_module_level=True)
+
+
+# ----- hf-ext serve: tiny model folders with their tokenizers, and a running app -----------------------------------
+
+@pytest.fixture(scope="session")
+def optimus_app_folder(tmp_path_factory):
+    """A tiny converted Optimus folder with its two tokenizers (random weights)."""
+    from hf_ext.models.optimus.conversion import convert_optimus_checkpoint
+    from hf_ext.models.optimus.samples import write_sample_checkpoint
+
+    root = tmp_path_factory.mktemp("optimus_app")
+    write_sample_checkpoint(root / "original", seed=7, latent_size=5, hidden_size=32)
+    convert_optimus_checkpoint(root / "original", root / "converted")
+    return root / "converted"
+
+
+@pytest.fixture(scope="session")
+def universal_transformer_app_folder(tmp_path_factory):
+    """A tiny seq2seq Universal Transformer with ACT over the algorithmic vocabulary, with its tokenizer; the
+    halting unit starts at bias 0, so that positions halt after different numbers of steps."""
+    import torch
+
+    from hf_ext.models.universal_transformer import UniversalTransformerForSeq2SeqLM
+    from hf_ext.models.universal_transformer.training import algorithmic_config, algorithmic_tokenizer
+
+    folder = tmp_path_factory.mktemp("universal_transformer_app") / "model"
+    torch.manual_seed(0)
+    config = algorithmic_config(hidden_size=16, num_attention_heads=2, intermediate_size=32, act_max_steps=4,
+                                dropout=0.0, act_halting_bias_init=0.0)
+    UniversalTransformerForSeq2SeqLM(config).save_pretrained(folder)
+    algorithmic_tokenizer().save_pretrained(folder)
+    return folder
+
+
+MTDNN_APP_TASKS = """\
+sst:
+  data_format: PremiseOnly
+  enable_san: false
+  labels: [negative, positive]
+  n_class: 2
+  task_type: Classification
+nli:
+  data_format: PremiseAndOneHypothesis
+  enable_san: true
+  labels: [contradiction, neutral, entailment]
+  n_class: 3
+  task_type: Classification
+sts:
+  data_format: PremiseAndOneHypothesis
+  enable_san: false
+  n_class: 1
+  task_type: Regression
+"""
+MTDNN_APP_WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "man", "woman", "is", "playing", "sleeping",
+                   "."]
+
+
+@pytest.fixture(scope="session")
+def mtdnn_app_folder(tmp_path_factory):
+    """A tiny MT-DNN model (a single-sentence task, a SAN pair task, a regression pair task) with a BERT
+    tokenizer."""
+    import torch
+    from transformers import BertConfig, BertTokenizer
+
+    from hf_ext.models.mtdnn import MTDNNConfig, MTDNNModel
+
+    root = tmp_path_factory.mktemp("mtdnn_app")
+    encoder = BertConfig(vocab_size=len(MTDNN_APP_WORDS), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=24, max_position_embeddings=40)
+    torch.manual_seed(0)
+    MTDNNModel(MTDNNConfig.from_task_def_yaml(MTDNN_APP_TASKS, encoder)).save_pretrained(root / "model")
+    (root / "vocab.txt").write_text("\n".join(MTDNN_APP_WORDS) + "\n", encoding="utf-8")
+    BertTokenizer(vocab_file=str(root / "vocab.txt")).save_pretrained(root / "model")
+    return root / "model"
+
+
+@contextlib.contextmanager
+def running_app(folder):
+    """`hf-ext serve`'s app of `folder` on a free loopback port, in a background thread: yields its URL; closed on
+    the way out."""
+    from hf_ext import serve
+
+    require_extra("app", "gradio")
+    app = serve.build_app(str(folder))
+    url = serve.launch(app, "127.0.0.1", free_port())
+    try:
+        yield url
+    finally:
+        app.close()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def local_client(url: str):
+    """A `gradio_client.Client` of a local app, made with the Hub switched off: gradio_client otherwise asks the Hub
+    for its request headers and sends it telemetry."""
+    from hf_ext.hub import hub_offline
+
+    require_extra("test", "gradio_client")
+    import gradio_client
+
+    with hub_offline():
+        return gradio_client.Client(url, verbose=False)

@@ -22,5 +22,6 @@ def register() -> None:
     register_auto_classes(MTDNNConfig, AUTO_CLASSES)
 
 
-__all__ = ["AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "MTDNNConfig", "MTDNNForSequenceClassification", "MTDNNModel",
-           "MTDNNOutput", "MTDNNPreTrainedModel", "MTDNNSANStates", "premise_hypothesis_masks", "register", "task_loss"]
+__all__ = ["AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "MTDNNConfig", "MTDNNForSequenceClassification",
+           "MTDNNModel", "MTDNNOutput", "MTDNNPreTrainedModel", "MTDNNSANStates", "premise_hypothesis_masks",
+           "register", "task_loss"]

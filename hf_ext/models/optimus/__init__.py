@@ -29,6 +29,7 @@ def register() -> None:
     register_auto_classes(OptimusConfig, AUTO_CLASSES)
 
 
-__all__ = ["AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "OptimusConfig", "OptimusForSequenceClassification",
-           "OptimusLatentSpace", "OptimusModel", "OptimusOutput", "OptimusPreTrainedModel", "OptimusProcessor",
-           "kl_divergence", "kl_per_dimension", "reconstruction_loss", "register"]
+__all__ = ["AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "OptimusConfig",
+           "OptimusForSequenceClassification", "OptimusLatentSpace", "OptimusModel", "OptimusOutput",
+           "OptimusPreTrainedModel", "OptimusProcessor", "kl_divergence", "kl_per_dimension", "reconstruction_loss",
+           "register"]

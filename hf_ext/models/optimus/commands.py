@@ -9,7 +9,7 @@ import torch
 from ...arguments import fraction, nonnegative_float, number_in, positive_float, positive_int, probability
 from ...cli import add_model_argument, model_commands
 from ...errors import require
-from . import conversion
+from . import OptimusModel, OptimusProcessor, conversion
 from .demo import add_demo_command
 
 CHECKPOINTS_SUFFIX = "-checkpoints"  # OUTPUT_DIR-checkpoints/: the run's Trainer checkpoints, until it ends
@@ -143,17 +143,22 @@ def _register_training_tools(tools):
                         help="posterior-mean variance that makes a latent dimension active (default 0.01)")
 
 
-def _load_optimus(args):
+def load_optimus(source: str, trust_remote_code: bool | None = None) -> tuple[OptimusModel, OptimusProcessor]:
+    """An Optimus model and its processor from `source` (a folder or Hub repo id); one error line when they do not
+    load or `source` holds another kind of model."""
     from transformers import AutoModel, AutoProcessor
 
     from ...errors import load_config, loading
     from . import OptimusConfig
 
-    trust = args.trust_remote_code or None
-    load_config(args.model, OptimusConfig.model_type, "an Optimus model", trust)
-    with loading("an Optimus model", args.model):
-        return (AutoModel.from_pretrained(args.model, trust_remote_code=trust),
-                AutoProcessor.from_pretrained(args.model, trust_remote_code=trust))
+    load_config(source, OptimusConfig.model_type, "an Optimus model", trust_remote_code)
+    with loading("an Optimus model", source):
+        return (AutoModel.from_pretrained(source, trust_remote_code=trust_remote_code),
+                AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code))
+
+
+def _load_optimus(args):
+    return load_optimus(args.model, args.trust_remote_code or None)
 
 
 def _max_length(args, config):

@@ -65,6 +65,11 @@ class OptimusLatentSpace:
         weights = torch.linspace(0, 1, num_steps).tolist()
         return list(zip(weights, self.decode(latents, **generation_kwargs)))
 
+    def interpolate_at(self, text_start: str, text_end: str, t: float, **generation_kwargs: Any) -> str:
+        """The text decoded from (1 - t) z_start + t z_end: one point of `interpolate`'s line, at any t."""
+        mean, _ = self.encode([text_start, text_end])
+        return self.decode((1 - t) * mean[0:1] + t * mean[1:2], **generation_kwargs)[0]
+
     def analogy(self, text_a: str, text_b: str, text_c: str, degree: float = 1.0, **generation_kwargs: Any) -> str:
         """a : b :: c : ?, decoded from z_c + (z_b - z_a) * degree."""
         mean, _ = self.encode([text_a, text_b, text_c])

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 from ...errors import HfExtError
 from ...plots import new_figure, require_matplotlib
 
-if TYPE_CHECKING:  # numpy is imported only when a figure is drawn
+if TYPE_CHECKING:  # numpy and matplotlib are imported only when a figure is drawn
     import numpy as np
+    from matplotlib.figure import Figure
     from numpy.typing import ArrayLike
 
 # panels of the training curves: (title, (log key, legend label), ...)
@@ -86,8 +87,17 @@ def plot_latent_space(means: "np.ndarray", texts: Sequence[str], path: str | Pat
                       interpolation: "tuple[np.ndarray, list[tuple[float, str]]] | None" = None,
                       labelled: Iterable[int] | None = None, log_history: list[dict[str, float]] | None = None,
                       title: str | None = None) -> Path:
-    """Posterior means of `texts` ([n, latent_size]) on a plane, with the sentences of `labelled` (indices; default
-    all) written beside their points, and optionally:
+    """PNG (or any matplotlib format, from `path`'s suffix) of `latent_space_figure`."""
+    latent_space_figure(means, texts, interpolation, labelled, log_history, title).savefig(Path(path), dpi=100)
+    return Path(path)
+
+
+def latent_space_figure(means: "np.ndarray", texts: Sequence[str],
+                        interpolation: "tuple[np.ndarray, list[tuple[float, str]]] | None" = None,
+                        labelled: Iterable[int] | None = None, log_history: list[dict[str, float]] | None = None,
+                        title: str | None = None) -> "Figure":
+    """A figure of the posterior means of `texts` ([n, latent_size]) on a plane, with the sentences of `labelled`
+    (indices; default all) written beside their points, and optionally:
 
     - `interpolation`: `(latents, [(t, decoded text)])`; the plane then runs along the interpolation (its first axis
       is the line from the first latent to the last, its second the principal axis of the means orthogonal to it),
@@ -139,8 +149,7 @@ def plot_latent_space(means: "np.ndarray", texts: Sequence[str], path: str | Pat
     axis.grid(alpha=0.3)
     if title:
         figure.suptitle(title)
-    figure.savefig(Path(path), dpi=100)
-    return Path(path)
+    return figure
 
 
 def plot_interpolation_table(rows: Iterable[tuple[float, str]], path: str | Path, title: str = "Latent interpolation",
@@ -165,5 +174,5 @@ def plot_interpolation_table(rows: Iterable[tuple[float, str]], path: str | Path
     return Path(path)
 
 
-__all__ = ["curves_from_log_history", "plot_interpolation_table", "plot_latent_space", "plot_training_curves",
-           "project_to_plane", "require_matplotlib"]
+__all__ = ["curves_from_log_history", "latent_space_figure", "plot_interpolation_table", "plot_latent_space",
+           "plot_training_curves", "project_to_plane", "require_matplotlib"]

@@ -28,8 +28,8 @@ def register() -> None:
     register_auto_classes(UniversalTransformerConfig, AUTO_CLASSES)
 
 
-__all__ = ["AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "UniversalTransformerConfig", "UniversalTransformerForSeq2SeqLM",
-           "UniversalTransformerForSequenceClassification", "UniversalTransformerModel",
-           "UniversalTransformerModelOutput", "UniversalTransformerPreTrainedModel",
+__all__ = ["AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "UniversalTransformerConfig",
+           "UniversalTransformerForSeq2SeqLM", "UniversalTransformerForSequenceClassification",
+           "UniversalTransformerModel", "UniversalTransformerModelOutput", "UniversalTransformerPreTrainedModel",
            "UniversalTransformerSeq2SeqLMOutput", "UniversalTransformerSequenceClassifierOutput", "register",
            "timing_signal"]

@@ -4,10 +4,12 @@ the paper's algorithmic tasks, and plot the halting map of an input."""
 import argparse
 import json
 
+from transformers import PreTrainedTokenizerBase
+
 from ...arguments import fraction, positive_float, positive_int
 from ...cli import add_model_argument, model_commands
 from ...errors import require
-from . import conversion
+from . import UniversalTransformerPreTrainedModel, conversion
 
 
 def register(commands: argparse._SubParsersAction, converters: argparse._SubParsersAction) -> None:
@@ -107,30 +109,38 @@ def _train_algorithmic(args):
     print(json.dumps({"output_dir": str(args.output_dir), **results}))
 
 
-def _halting_map(args):
-    from pathlib import Path
-
+def load_model_and_tokenizer(source: str, trust_remote_code: bool | None = None,
+                             ) -> tuple[UniversalTransformerPreTrainedModel, PreTrainedTokenizerBase]:
+    """A Universal Transformer (as the seq2seq or classification model its config's architectures name, else the
+    encoder) and its tokenizer from `source` (a folder or Hub repo id); one error line when either does not load."""
     from transformers import AutoModel, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, AutoTokenizer
 
     from ...errors import HfExtError, load_config, loading
-    from ...plots import require_matplotlib
     from . import UniversalTransformerConfig
+
+    config = load_config(source, UniversalTransformerConfig.model_type, "a Universal Transformer", trust_remote_code)
+    architectures = " ".join(config.architectures or [])
+    auto_class = (AutoModelForSeq2SeqLM if "Seq2SeqLM" in architectures
+                  else AutoModelForSequenceClassification if "SequenceClassification" in architectures else AutoModel)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise HfExtError(f"{source} has no usable tokenizer: {str(error).splitlines()[0]}") from None
+    with loading("a Universal Transformer", source):
+        model = auto_class.from_pretrained(source, trust_remote_code=trust_remote_code)
+    return model, tokenizer
+
+
+def _halting_map(args):
+    from pathlib import Path
+
+    from ...plots import require_matplotlib
     from .training import halting_map, plot_halting_map
 
     out = Path(args.out)
     require(out.parent.is_dir(), f"the folder of {out} does not exist")
     require_matplotlib()
-    trust = args.trust_remote_code or None
-    config = load_config(args.model, UniversalTransformerConfig.model_type, "a Universal Transformer", trust)
-    architectures = " ".join(config.architectures or [])
-    auto_class = (AutoModelForSeq2SeqLM if "Seq2SeqLM" in architectures
-                  else AutoModelForSequenceClassification if "SequenceClassification" in architectures else AutoModel)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=trust)
-    except (OSError, ValueError) as error:
-        raise HfExtError(f"{args.model} has no usable tokenizer: {str(error).splitlines()[0]}") from None
-    with loading("a Universal Transformer", args.model):
-        model = auto_class.from_pretrained(args.model, trust_remote_code=trust)
+    model, tokenizer = load_model_and_tokenizer(args.model, args.trust_remote_code or None)
     rows = halting_map(model, tokenizer, args.text, max_new_tokens=args.max_new_tokens)
     plot_halting_map(rows, out, title=f"Halting map of {args.text!r}")
     print(json.dumps({"out": str(out), "rows": [{"side": row.side, "tokens": row.tokens,

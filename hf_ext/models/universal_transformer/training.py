@@ -33,8 +33,9 @@ from . import (
     UniversalTransformerForSeq2SeqLM,
 )
 
-if TYPE_CHECKING:  # datasets is imported only when a dataset is built
+if TYPE_CHECKING:  # datasets and matplotlib are imported only when a dataset is built or a figure drawn
     from datasets import Dataset
+    from matplotlib.figure import Figure
 
 TASKS = ("copy", "reverse", "addition")
 PAD_TOKEN = "<pad>"
@@ -453,9 +454,15 @@ def _ponder_time(n_updates, remainders):
 
 def plot_halting_map(rows: Iterable[HaltingRow], path: str | Path, title: str | None = None, max_annotated: int = 48,
                      ) -> Path:
-    """PNG (or any matplotlib format, from `path`'s suffix) of `halting_map` rows: one heatmap strip per side with
-    a position per column, coloured by ponder time N + R on one shared scale, tokens under the columns and the
-    values written in the cells when a side has at most `max_annotated` positions."""
+    """PNG (or any matplotlib format, from `path`'s suffix) of `halting_map_figure`."""
+    halting_map_figure(rows, title, max_annotated).savefig(Path(path), dpi=100)
+    return Path(path)
+
+
+def halting_map_figure(rows: Iterable[HaltingRow], title: str | None = None, max_annotated: int = 48) -> "Figure":
+    """A figure of `halting_map` rows: one heatmap strip per side with a position per column, coloured by ponder
+    time N + R on one shared scale, tokens under the columns and the values written in the cells when a side has at
+    most `max_annotated` positions."""
     rows = [row for row in rows if row.ponder_time]
     if not rows:
         raise HfExtError("no positions to plot")
@@ -478,12 +485,10 @@ def plot_halting_map(rows: Iterable[HaltingRow], path: str | Path, title: str | 
                           color="black" if value > middle else "white")
     figure.colorbar(image, ax=list(axes), label="ponder time N + R", shrink=0.9)
     figure.suptitle(title or "Halting map (steps per position)")
-    figure.savefig(Path(path), dpi=100)
-    return Path(path)
+    return figure
 
 
-__all__ = ["AlgorithmicRun", "HaltingRow", "PositionOffsetCollator", "SYMBOLS", "TASKS",
-           "UniversalTransformerTrainer", "algorithmic_config", "algorithmic_dataset",
-           "algorithmic_examples", "algorithmic_tokenizer", "count_parameters", "evaluate_algorithmic",
-           "greedy_predictions", "halting_map", "plot_halting_map", "run_algorithmic", "teacher_forced_accuracy",
-           "train_algorithmic", "vanilla_transformer"]
+__all__ = ["AlgorithmicRun", "HaltingRow", "PositionOffsetCollator", "SYMBOLS", "TASKS", "UniversalTransformerTrainer",
+           "algorithmic_config", "algorithmic_dataset", "algorithmic_examples", "algorithmic_tokenizer",
+           "count_parameters", "evaluate_algorithmic", "greedy_predictions", "halting_map", "halting_map_figure",
+           "plot_halting_map", "run_algorithmic", "teacher_forced_accuracy", "train_algorithmic", "vanilla_transformer"]

@@ -1,0 +1,106 @@
+"""The MT-DNN app of `hf-ext serve`: a sentence or a sentence pair through every task head at once, each head's
+prediction with its probabilities (classification) or its score (regression, ranking).
+
+The API name (gradio_client): `predict`. Needs gradio (`hf-ext[app]`), which `build_app`
+imports; not imported by the package."""
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ...errors import HfExtError, load_config, loading
+from ...serve import MAX_TEXT_CHARS, checked_text, user_errors
+from . import MTDNNConfig
+from .configuration_mtdnn import PAIR_FORMATS
+
+if TYPE_CHECKING:  # gradio is optional
+    import gradio as gr
+    from transformers import PreTrainedTokenizerBase
+
+    from . import MTDNNModel
+
+MODEL_TYPES = ("mt-dnn",)  # the model types this app serves
+
+
+class MTDNNApp:
+    """The app's functions over one multi-task model and its tokenizer."""
+
+    def __init__(self, model: "MTDNNModel", tokenizer: "PreTrainedTokenizerBase") -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+
+    @torch.no_grad()
+    def predict(self, sentence: str, second_sentence: str) -> dict:
+        """`{task: prediction}` for every task head: a classification's `label` and `probabilities` (by label), a
+        regression's or a ranking's `score` of the pair. Tasks reading pairs need `second_sentence`; single-sentence
+        tasks read `sentence` alone."""
+        sentence = checked_text(sentence, "the sentence")
+        second = checked_text(second_sentence, "the second sentence", required=False)
+        limit = self.model.config.encoder.max_position_embeddings
+        predictions = {}
+        for task in self.model.config.tasks:
+            pair = task["data_format"] in PAIR_FORMATS
+            if pair and not second:
+                predictions[task["name"]] = {"type": task["type"], "needs": "a sentence pair"}
+                continue
+            batch = self.tokenizer(sentence, second if pair else None, truncation=True, max_length=limit,
+                                   return_tensors="pt").to(self.model.device)
+            logits = self.model(**batch, task=task["name"], group_size=1).logits[0]
+            if task["type"] == "classification":
+                labels = task["labels"] or [f"LABEL_{index}" for index in range(task["num_labels"])]
+                # a SAN head's logits are log-probabilities, which the softmax leaves as they are
+                probabilities = dict(zip(labels, logits.softmax(-1).tolist()))
+                predictions[task["name"]] = {"type": "classification", "label": max(probabilities,
+                                                                                    key=probabilities.get),
+                                             "probabilities": probabilities}
+            else:
+                predictions[task["name"]] = {"type": task["type"], "score": logits.item()}
+        return predictions
+
+    @staticmethod
+    def views(predictions: dict, task_names: list[str]) -> list:
+        """One `gr.Label` value per task: the probabilities by label, or a line with the score or what is missing."""
+        views = []
+        for name in task_names:
+            prediction = (predictions or {}).get(name, {})
+            if "probabilities" in prediction:
+                views.append(prediction["probabilities"])
+            elif "score" in prediction:
+                views.append(f"{prediction['type']} score {prediction['score']:.4f}")
+            else:
+                views.append(f"needs {prediction.get('needs', 'an input')}")
+        return views
+
+
+def build_app(source: str, trust_remote_code: bool | None = None) -> "gr.Blocks":
+    """The multi-task predictor of the MT-DNN model in `source` (a folder or Hub repo id)."""
+    import gradio as gr
+    from transformers import AutoModel, AutoTokenizer
+
+    load_config(source, MTDNNConfig.model_type, "an MT-DNN model", trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise HfExtError(f"{source} has no usable tokenizer: {str(error).splitlines()[0]}") from None
+    with loading("an MT-DNN model", source):
+        model = AutoModel.from_pretrained(source, trust_remote_code=trust_remote_code)
+    app = MTDNNApp(model, tokenizer)
+    tasks = model.config.tasks
+    task_names = [task["name"] for task in tasks]
+
+    with gr.Blocks(title=f"MT-DNN: {source}", analytics_enabled=False) as blocks:
+        gr.Markdown(f"# MT-DNN: every task head\n`{source}`: {len(tasks)} tasks. Tasks that read a pair need the "
+                    "second sentence; single-sentence tasks read the first alone.")
+        with gr.Row():
+            sentence = gr.Textbox(label="sentence", elem_id="sentence", max_length=MAX_TEXT_CHARS, lines=1)
+            second_sentence = gr.Textbox(label="second sentence (for pair tasks)", elem_id="second_sentence",
+                                         max_length=MAX_TEXT_CHARS, lines=1)
+        run = gr.Button("Predict", variant="primary")
+        with gr.Row():
+            task_views = [gr.Label(label=f"{task['name']} ({task['type']}, {task['head']} head)",
+                                   elem_id=f"task_{task['name']}") for task in tasks]
+        with gr.Accordion("values (as the API returns them)", open=False):
+            predictions = gr.JSON(label="predictions")
+        run.click(user_errors(app.predict), [sentence, second_sentence], predictions, api_name="predict").success(
+            lambda values: app.views(values, task_names), predictions, task_views, api_visibility="private")
+    return blocks

@@ -1,0 +1,205 @@
+"""`hf-ext serve MODEL`: a model's interactive app in the browser (Gradio), chosen by the model's type.
+
+The apps live with their models: `hf_ext/models/<m>/app.py`, with the model types it serves (`MODEL_TYPES`) and
+`build_app(source, trust_remote_code)`, which imports gradio. What is shared is here: the command, finding the app
+through `MODELS`, the limits on what a request may hold, turning failures into one message in the page (`gr.Error`)
+and launching on a local address with nothing sent anywhere else. Gradio is optional (`pip install 'hf-ext[app]'`).
+"""
+
+import argparse
+import functools
+import html
+import importlib
+import importlib.util
+import math
+import os
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from transformers.utils import logging
+
+from .arguments import number_in
+from .errors import HfExtError, load_config, one_line
+from .models import MODELS
+
+if TYPE_CHECKING:  # gradio is optional
+    import gradio as gr
+
+logger = logging.get_logger(__name__)
+
+APP_EXTRA = "hf-ext serve needs the app extra: pip install 'hf-ext[app]'"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 7860
+# what one request may carry: a text box holds a sentence or two, a request a few of them
+MAX_TEXT_CHARS = 500
+MAX_REQUEST_BYTES = 64 * 1024
+# requests waiting for the model, which answers one at a time (its forward passes share one set of weights and threads)
+MAX_QUEUED = 32
+
+
+def add_serve_command(commands: argparse._SubParsersAction) -> None:
+    """The top-level `hf-ext serve` command."""
+    from .cli import add_model_argument
+
+    parser = commands.add_parser(
+        "serve", help="explore a model in the browser (Optimus, Universal Transformer, MT-DNN)",
+        description="Start the model's app in the browser, chosen by its model type: Optimus' latent space "
+        "(reconstruct, interpolate, analogy, sample, a map of the posterior means), the Universal Transformer's "
+        "halting map, MT-DNN's predictions of every task head. Each function is also served by name through "
+        "Gradio's API (gradio_client). Needs the app extra: pip install 'hf-ext[app]'.")
+    add_model_argument(parser, "model folder or Hub repo id (offline when HF_HUB_OFFLINE=1)")
+    parser.add_argument("--host", default=DEFAULT_HOST,
+                        help=f"address to listen on (default {DEFAULT_HOST}: this machine only; 0.0.0.0 opens the "
+                        "app to every machine that can reach this one)")
+    parser.add_argument("--port", type=number_in(int, 1, 65535), default=DEFAULT_PORT,
+                        help=f"port to listen on (default {DEFAULT_PORT})")
+    parser.set_defaults(handler=_run_serve)
+
+
+def require_gradio() -> ModuleType:
+    """The gradio module, with its telemetry and update check off; one clear error when the app extra is missing."""
+    os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # hf-ext sends nothing anywhere: no telemetry, no update check
+    try:
+        import gradio
+    except ImportError:
+        raise HfExtError(APP_EXTRA) from None
+    return gradio
+
+
+def apps() -> dict[str, ModuleType]:
+    """`{model_type: app module}` over the models that have an app."""
+    found = {}
+    for name in MODELS:
+        module_name = f"hf_ext.models.{name}.app"
+        if importlib.util.find_spec(module_name) is not None:
+            module = importlib.import_module(module_name)
+            found.update(dict.fromkeys(module.MODEL_TYPES, module))
+    return found
+
+
+def app_module(model_type: str) -> ModuleType:
+    """The app module serving `model_type`; one error line naming the types that have an app otherwise."""
+    found = apps()
+    if model_type not in found:
+        raise HfExtError(f"no app for model type {model_type!r} (hf-ext serve has apps for "
+                         f"{', '.join(sorted(found))})")
+    require_gradio()
+    return found[model_type]
+
+
+def build_app(source: str, trust_remote_code: bool | None = None) -> "gr.Blocks":
+    """The `gr.Blocks` app of the model in `source` (a folder or Hub repo id), chosen by its model type."""
+    config = load_config(source, trust_remote_code=trust_remote_code)
+    return app_module(config.model_type).build_app(source, trust_remote_code)
+
+
+def launch(app: "gr.Blocks", host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> str:
+    """Start `app` on http://HOST:PORT in a background thread (stop it with `app.close()`), its requests queued and
+    bounded in size, no public share link, no server-side rendering. Returns the local URL."""
+    from starlette.middleware import Middleware
+
+    app.queue(max_size=MAX_QUEUED, default_concurrency_limit=1)
+    try:
+        _, url, _ = app.launch(server_name=host, server_port=port, share=False, prevent_thread_lock=True,
+                               quiet=True, ssr_mode=False, mcp_server=False, max_file_size=MAX_REQUEST_BYTES,
+                               app_kwargs={"middleware": [Middleware(RequestSizeLimit,
+                                                                     max_bytes=MAX_REQUEST_BYTES)]})
+    except OSError as error:
+        raise HfExtError(f"cannot listen on {host}:{port}: {one_line(error)}") from None
+    return url
+
+
+class RequestSizeLimit:
+    """ASGI middleware refusing a request body over `max_bytes` with 413 when its Content-Length announces it, and
+    ending one that grows past it while it streams (read as the client leaving)."""
+
+    def __init__(self, app: Callable, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            from starlette.responses import PlainTextResponse
+
+            response = PlainTextResponse(f"request body over {self.max_bytes} bytes", status_code=413)
+            return await response(scope, receive, send)
+        received = 0
+
+        async def bounded_receive():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            return {"type": "http.disconnect"} if received > self.max_bytes else message
+
+        return await self.app(scope, bounded_receive, send)
+
+
+def user_errors(function: Callable) -> Callable:
+    """`function` answering every failure as one message in the page (`gr.Error`), never a traceback: bad input
+    (`HfExtError`, `ValueError`) as it is, anything else with its type; the traceback goes to the server's log. The
+    message is escaped: the page reads it as HTML, and it may quote the input."""
+    import gradio as gr
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except gr.Error:
+            raise
+        except (HfExtError, ValueError) as error:
+            raise gr.Error(html.escape(one_line(error), quote=False), print_exception=False) from None
+        except Exception as error:  # noqa: BLE001 - the page gets one line, the log the traceback
+            logger.exception("%s failed", function.__name__)
+            message = f"{type(error).__name__}: {one_line(error)}"
+            raise gr.Error(html.escape(message, quote=False), print_exception=False) from None
+
+    return wrapper
+
+
+def checked_text(text: str | None, what: str, required: bool = True) -> str:
+    """`text` stripped, refused when empty (if `required`) or longer than `MAX_TEXT_CHARS`; `what` names the field
+    in the message."""
+    text = (text or "").strip()
+    if required and not text:
+        raise HfExtError(f"{what} is empty")
+    if len(text) > MAX_TEXT_CHARS:
+        raise HfExtError(f"{what} has {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
+    return text
+
+
+def checked_int(value: float | int | None, what: str, low: int, high: int) -> int:
+    """`value` as an integer in [low, high] (a slider or number box sends floats), refused otherwise."""
+    if value is None or not math.isfinite(value) or value != int(value) or not low <= int(value) <= high:
+        raise HfExtError(f"{what} must be an integer in [{low}, {high}], got {value}")
+    return int(value)
+
+
+def checked_float(value: float | int | None, what: str, low: float, high: float) -> float:
+    """`value` as a float in [low, high], refused otherwise (NaN included)."""
+    if value is None or not math.isfinite(value) or not low <= float(value) <= high:
+        raise HfExtError(f"{what} must be in [{low:g}, {high:g}], got {value}")
+    return float(value)
+
+
+def _run_serve(args: argparse.Namespace) -> None:
+    app = build_app(args.model, args.trust_remote_code or None)
+    url = launch(app, args.host, args.port)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        logger.warning(f"listening on {args.host}: anyone who can reach this machine can use the app")
+    print(f"hf-ext serve: {args.model} on {url} (API names: {url}?view=api); Ctrl-C stops it", flush=True)
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        print("hf-ext serve: stopped", flush=True)
+    finally:
+        app.close()
+
+
+__all__ = ["APP_EXTRA", "MAX_REQUEST_BYTES", "MAX_TEXT_CHARS", "add_serve_command", "app_module", "apps", "build_app",
+           "checked_float", "checked_int", "checked_text", "launch", "require_gradio", "user_errors"]

@@ -1,0 +1,169 @@
+"""`hf-ext serve`, the shared part: finding the app by model type through MODELS, the one-line refusals (no gradio,
+no model, a model type without an app), the limits on requests, nothing sent off the machine, and the command run
+for real until Ctrl-C."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO_ROOT, cli_exit_code, free_port, local_client, require_extra, running_app
+
+from hf_ext import serve
+from hf_ext.errors import HfExtError
+
+
+def test_the_apps_are_found_by_model_type():
+    found = serve.apps()
+    assert {model_type: module.__name__ for model_type, module in found.items()} == {
+        "optimus": "hf_ext.models.optimus.app", "universal-transformer": "hf_ext.models.universal_transformer.app",
+        "mt-dnn": "hf_ext.models.mtdnn.app"}
+    assert all(callable(module.build_app) for module in found.values())
+
+
+def test_serve_without_gradio_is_one_line(mtdnn_app_folder, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "gradio", None)  # what `import gradio` meets when it is not installed
+    assert cli_exit_code(["serve", mtdnn_app_folder]) == 1
+    assert capsys.readouterr().err == "hf-ext: error: hf-ext serve needs the app extra: pip install 'hf-ext[app]'\n"
+
+
+def test_a_folder_without_a_model_is_one_line(tmp_path, capsys):
+    assert cli_exit_code(["serve", tmp_path]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"hf-ext: error: cannot load a model config from {tmp_path}: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("model_type", ["ernie2-pretraining", "bert"])
+def test_a_model_type_without_an_app_is_one_line(tmp_path, capsys, monkeypatch, model_type):
+    from transformers import AutoConfig
+
+    monkeypatch.setitem(sys.modules, "gradio", None)  # the apps are found without gradio
+
+    AutoConfig.for_model(model_type, vocab_size=10, hidden_size=8, num_hidden_layers=1,
+                         num_attention_heads=2).save_pretrained(tmp_path)
+    assert cli_exit_code(["serve", tmp_path]) == 1
+    assert capsys.readouterr().err == (f"hf-ext: error: no app for model type '{model_type}' (hf-ext serve has apps "
+                                       "for mt-dnn, optimus, universal-transformer)\n")
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "http"])
+def test_a_bad_port_is_a_usage_error(mtdnn_app_folder, capsys, port):
+    assert cli_exit_code(["serve", mtdnn_app_folder, "--port", port]) == 2
+    assert "argument --port" in capsys.readouterr().err
+
+
+def test_numbers_out_of_range_and_nan_are_refused():
+    assert serve.checked_int(3.0, "steps", 2, 16) == 3
+    assert serve.checked_float(0.5, "t", 0, 1) == 0.5
+    for check, value in ((serve.checked_int, float("nan")), (serve.checked_int, 17), (serve.checked_int, 2.5),
+                         (serve.checked_float, float("nan")), (serve.checked_float, -0.1), (serve.checked_int, None)):
+        with pytest.raises(HfExtError, match="must be"):
+            check(value, "x", 2 if check is serve.checked_int else 0, 16 if check is serve.checked_int else 1)
+
+
+def test_failures_become_one_escaped_message():
+    require_extra("app", "gradio")
+    import gradio as gr
+
+    def refuse(text):
+        raise HfExtError(f"cannot tokenize {text!r}")
+
+    def crash():
+        raise KeyError("oops")
+
+    with pytest.raises(gr.Error) as error:
+        serve.user_errors(refuse)("<b>x</b>")
+    assert error.value.message == "cannot tokenize '&lt;b&gt;x&lt;/b&gt;'"
+    with pytest.raises(gr.Error) as error:
+        serve.user_errors(crash)()
+    assert error.value.message == "KeyError: 'oops'"
+
+
+@pytest.fixture
+def local_network_only(monkeypatch):
+    """Record (and refuse) every connection or name lookup that is not for this machine's loopback address."""
+    import socket
+
+    attempts = []
+    lookup, connect = socket.getaddrinfo, socket.socket.connect
+
+    def local(host):
+        return str(host) in ("127.0.0.1", "localhost", "::1", "None")
+
+    def checked_lookup(host, *args, **kwargs):
+        if not local(host):
+            attempts.append(host)
+            raise OSError("no network in this test")
+        return lookup(host, *args, **kwargs)
+
+    def checked_connect(sock, address):
+        if isinstance(address, tuple) and not local(address[0]):
+            attempts.append(address)
+            raise OSError("no network in this test")
+        return connect(sock, address)
+
+    monkeypatch.setattr(socket, "getaddrinfo", checked_lookup)
+    monkeypatch.setattr(socket.socket, "connect", checked_connect)
+    return attempts
+
+
+def test_the_app_reaches_nothing_but_its_own_address(mtdnn_app_folder, local_network_only):
+    """The server's side only: gradio_client itself asks the Hub for request headers unless HF_HUB_OFFLINE=1, so
+    the call goes through Gradio's REST API here."""
+    import json
+
+    import httpx
+
+    with running_app(mtdnn_app_folder) as url:
+        assert url.startswith("http://127.0.0.1:")
+        page = httpx.get(url)
+        assert page.status_code == 200 and "MT-DNN" in page.text
+        call = httpx.post(f"{url}gradio_api/call/predict", json={"data": ["a man .", ""]}).json()
+        events = httpx.get(f"{url}gradio_api/call/predict/{call['event_id']}", timeout=30).text.splitlines()
+        assert events[0] == "event: complete"
+        assert set(json.loads(events[1].removeprefix("data: "))[0]) == {"sst", "nli", "sts"}
+        too_big = httpx.post(f"{url}gradio_api/call/predict", content=b"x" * (serve.MAX_REQUEST_BYTES + 1),
+                             headers={"content-type": "application/json"})
+        assert too_big.status_code == 413
+    assert local_network_only == []
+
+
+def test_a_port_in_use_is_one_line(mtdnn_app_folder):
+    import socket
+
+    require_extra("app", "gradio")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        app = serve.build_app(str(mtdnn_app_folder))
+        with pytest.raises(HfExtError, match=f"^cannot listen on 127.0.0.1:{port}: "):
+            serve.launch(app, "127.0.0.1", port)
+
+
+@pytest.mark.slow
+def test_the_command_serves_a_hub_id_offline_until_ctrl_c(mtdnn_app_folder, tmp_path):
+    from hf_ext.hub import install_into_hub_cache
+
+    require_extra("app", "gradio")
+    install_into_hub_cache(mtdnn_app_folder, "some-org/mtdnn-tiny", tmp_path / "home" / "hub")
+    port = free_port()
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_"))}
+    env.update(PYTHONPATH=str(REPO_ROOT), HF_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1",
+               HF_ENDPOINT="http://127.0.0.1:9", OMP_NUM_THREADS="1")  # nothing listens at the endpoint
+    server = subprocess.Popen([sys.executable, "-m", "hf_ext.cli", "serve", "some-org/mtdnn-tiny", "--port",
+                               str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        first_line = server.stdout.readline()
+        url = f"http://127.0.0.1:{port}/"
+        assert first_line.startswith(f"hf-ext serve: some-org/mtdnn-tiny on {url} "), server.stderr.read()
+        predictions = local_client(url).predict("a man .", "a woman .", api_name="/predict")
+        assert set(predictions) == {"sst", "nli", "sts"}
+        server.send_signal(signal.SIGINT)
+        out, err = server.communicate(timeout=30)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert server.returncode == 0, err
+    assert "hf-ext serve: stopped" in out.splitlines()

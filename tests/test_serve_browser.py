@@ -1,0 +1,125 @@
+"""`hf-ext serve` end to end in a real headless browser: Playwright for Python driving Debian's chromium (`.ci/run`
+installs it; Playwright's own browser download is not possible there). Each app is used as a person would, what the
+page shows is checked against the library, and the page may reach nothing but the app's own address. Under CI=true
+a missing chromium or Playwright fails the test instead of skipping it."""
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import require_extra, running_app
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+CHROMIUM = "/usr/bin/chromium"
+# a closed network refuses chromium's background connections (updates, sync, QUIC probes): keep it from trying
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+TIMEOUT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def browser():
+    require_extra("test", "playwright")
+    from playwright import sync_api
+
+    if not os.access(CHROMIUM, os.X_OK):
+        message = f"{CHROMIUM} is missing (apt-get install chromium)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page; every request it makes must go to the app (127.0.0.1) or stay inside the page."""
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    context.set_default_timeout(TIMEOUT_MS)
+    page = context.new_page()
+    elsewhere = []
+    page.on("request", lambda request: None if request.url.startswith(("http://127.0.0.1:", "data:", "blob:"))
+            else elsewhere.append(request.url))
+    yield page
+    context.close()
+    assert elsewhere == []
+
+
+def screenshot(page, name, tmp_path):
+    """The page as a PNG: in $HF_EXT_SCREENSHOTS when set (docs/images/serve_<model>.png come from there), else in
+    the test's folder."""
+    folder = Path(os.environ.get("HF_EXT_SCREENSHOTS") or tmp_path)
+    page.screenshot(path=str(folder / f"serve_{name}.png"), full_page=True)
+
+
+def textbox(page, elem_id):
+    return page.locator(f"#{elem_id}").get_by_role("textbox")
+
+
+def wait_for_value(page, elem_id):
+    """The value of the textbox `elem_id` once the app has written one."""
+    page.wait_for_function("id => document.querySelector(`#${id} textarea, #${id} input`)?.value", arg=elem_id)
+    return textbox(page, elem_id).input_value()
+
+
+def test_optimus_interpolation_follows_the_slider(page, optimus_app_folder, tmp_path):
+    from hf_ext.models.optimus import OptimusLatentSpace
+    from hf_ext.models.optimus.app import MAX_NEW_TOKENS
+
+    space = OptimusLatentSpace.from_pretrained(optimus_app_folder, max_new_tokens=MAX_NEW_TOKENS)
+    start, end = "a man is playing a guitar .", "a woman is reading a book ."
+    with running_app(optimus_app_folder) as url:
+        page.goto(url)
+        textbox(page, "start").fill(start)
+        textbox(page, "end").fill(end)
+        page.locator("#t input[type=range]").fill("0.75")
+        assert wait_for_value(page, "at_t") == space.interpolate_at(start, end, 0.75)
+        page.get_by_role("button", name="Interpolate", exact=True).click()
+        last = space.interpolate(start, end, 5)[-1][1]
+        page.locator("#path").get_by_text(last, exact=True).first.wait_for()
+        page.locator("#latent_map img").wait_for()  # the map of the two sentences with the path
+        textbox(page, "start").fill("")
+        page.locator("#t input[type=range]").fill("0.5")
+        page.get_by_text("the first sentence is empty").wait_for()  # a message in the page, not a traceback
+        assert "Traceback" not in page.content()
+        textbox(page, "start").fill(start)
+        page.locator("#t input[type=range]").fill("0.25")
+        page.wait_for_function("value => document.querySelector('#at_t textarea, #at_t input').value === value",
+                               arg=space.interpolate_at(start, end, 0.25))
+        screenshot(page, "optimus", tmp_path)
+
+
+def test_universal_transformer_halting_map(page, universal_transformer_app_folder, tmp_path):
+    from hf_ext.models.universal_transformer.app import UniversalTransformerApp
+    from hf_ext.models.universal_transformer.commands import load_model_and_tokenizer
+
+    expected, _ = UniversalTransformerApp(*load_model_and_tokenizer(str(universal_transformer_app_folder))
+                                          ).halting_map("31415", 0)
+    with running_app(universal_transformer_app_folder) as url:
+        page.goto(url)
+        textbox(page, "input").fill("31415")
+        page.get_by_role("button", name="Halting map", exact=True).click()
+        assert wait_for_value(page, "output") == expected
+        page.locator("#heatmap img").wait_for()
+        page.wait_for_function("document.querySelector('#ponder_time').innerText.includes('</s>')")
+        screenshot(page, "universal_transformer", tmp_path)
+
+
+def test_mtdnn_shows_every_head(page, mtdnn_app_folder, tmp_path):
+    from hf_ext.models.mtdnn.app import MTDNNApp
+
+    with running_app(mtdnn_app_folder) as url:
+        page.goto(url)
+        textbox(page, "sentence").fill("a man is playing .")
+        textbox(page, "second_sentence").fill("a woman is sleeping .")
+        page.get_by_role("button", name="Predict", exact=True).click()
+        from transformers import AutoModel, AutoTokenizer
+
+        app = MTDNNApp(AutoModel.from_pretrained(mtdnn_app_folder), AutoTokenizer.from_pretrained(mtdnn_app_folder))
+        predictions = app.predict("a man is playing .", "a woman is sleeping .")
+        for task in ("sst", "nli"):
+            page.locator(f"#task_{task}").get_by_text(predictions[task]["label"]).first.wait_for()
+        page.locator("#task_sts").get_by_text(f"regression score {predictions['sts']['score']:.4f}").wait_for()
+        screenshot(page, "mtdnn", tmp_path)
