@@ -22,6 +22,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,7 +31,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.utils import logging
 
 from .errors import HfExtError, load_config, loading
-from .models import MODELS
+from .models import modules_by_model_type
 from .output import atomic_output_dir, check_output_dir
 
 if TYPE_CHECKING:
@@ -92,18 +93,12 @@ def require_onnx() -> None:
         raise HfExtError(f"ONNX export needs {', '.join(missing)}: {EXTRA_HINT}")
 
 
-def exporters() -> dict[str, object]:
+def exporters() -> dict[str, ModuleType]:
     """`{model_type: export_onnx module}` over the models that have one."""
-    found = {}
-    for name in MODELS:
-        module_name = f"hf_ext.models.{name}.export_onnx"
-        if importlib.util.find_spec(module_name) is not None:
-            module = importlib.import_module(module_name)
-            found.update(dict.fromkeys(module.MODEL_TYPES, module))
-    return found
+    return modules_by_model_type("export_onnx")
 
 
-def exporter_for(model_type: str, source: str) -> object:
+def exporter_for(model_type: str, source: str) -> ModuleType:
     """The `export_onnx` module for `model_type`, or one error line listing what can be exported."""
     found = exporters()
     if model_type not in found:
@@ -112,7 +107,7 @@ def exporter_for(model_type: str, source: str) -> object:
     return found[model_type]
 
 
-def resolve_task(module: object, config: PretrainedConfig, task: str | None, source: str) -> str:
+def resolve_task(module: ModuleType, config: PretrainedConfig, task: str | None, source: str) -> str:
     """The task to export: `task` if the model offers it, else its default (the first of `module.tasks(config)`)."""
     tasks = list(module.tasks(config))
     if task is None:

@@ -9,8 +9,6 @@ and launching on a local address with nothing sent anywhere else. Gradio is opti
 import argparse
 import functools
 import html
-import importlib
-import importlib.util
 import math
 import os
 import time
@@ -22,7 +20,7 @@ from transformers.utils import logging
 
 from .arguments import number_in
 from .errors import HfExtError, load_config, one_line
-from .models import MODELS
+from .models import modules_by_model_type
 
 if TYPE_CHECKING:  # gradio is optional
     import gradio as gr
@@ -70,13 +68,7 @@ def require_gradio() -> ModuleType:
 
 def apps() -> dict[str, ModuleType]:
     """`{model_type: app module}` over the models that have an app."""
-    found = {}
-    for name in MODELS:
-        module_name = f"hf_ext.models.{name}.app"
-        if importlib.util.find_spec(module_name) is not None:
-            module = importlib.import_module(module_name)
-            found.update(dict.fromkeys(module.MODEL_TYPES, module))
-    return found
+    return modules_by_model_type("app")
 
 
 def app_module(model_type: str) -> ModuleType:
