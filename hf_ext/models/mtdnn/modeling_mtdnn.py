@@ -258,7 +258,7 @@ class MTDNNModel(MTDNNPreTrainedModel):
         derived = premise_hypothesis_masks(token_type_ids, attention_mask)
         premise_mask = derived[0] if premise_mask is None else premise_mask
         hypothesis_mask = derived[1] if hypothesis_mask is None else hypothesis_mask
-        if not torch.compiler.is_exporting():  # a data-dependent check, which an exported graph cannot hold
+        if not torch.compiler.is_compiling():  # a check on the data, which a compiled or exported graph cannot hold
             empty = premise_mask.all(1) | hypothesis_mask.all(1)
             if empty.any():
                 raise ValueError(f"task {spec['name']} (SAN head) reads sentence pairs, but row "
