@@ -41,15 +41,18 @@ def load_average():
     return "load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
 
 
-def time_interleaved(candidates, repeats, warmup=1):
+def time_interleaved(candidates, repeats, warmup=1, settle=0.0):
     """Seconds of each run of every `{name: callable}`. The candidates take turns within every round, so load that
-    comes and goes affects the runs of one round alike."""
+    comes and goes affects the runs of one round alike. `settle` seconds of sleep before each run let thread pools
+    that spin after their work (OpenMP's, ONNX Runtime's) go idle, so that they take no cycles from the next
+    candidate when the candidates use different pools."""
     for run in candidates.values():
         for _ in range(warmup):
             run()
     times = {name: [] for name in candidates}
     for _ in range(repeats):
         for name, run in candidates.items():
+            time.sleep(settle)
             start = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - start)
