@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # transformers is imported only when a config is loaded
-    from transformers import PretrainedConfig
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 
 class HfExtError(Exception):
@@ -55,3 +55,13 @@ def load_config(source: str, expected_type: str | None = None, description: str 
     if expected_type is not None and config.model_type != expected_type:
         raise HfExtError(f"{source} holds a {config.model_type!r} model, not {description or expected_type}{hint}")
     return config
+
+
+def load_tokenizer(source: str, trust_remote_code: bool | None = None) -> "PreTrainedTokenizerBase":
+    """The tokenizer of `source` (a folder or Hub repo id), with one error line when it has none that loads."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise HfExtError(f"{source} has no usable tokenizer: {one_line(error)}") from None

@@ -145,7 +145,7 @@ def require_extra(extra: str, *modules: str) -> None:
 # ----- hf-ext serve: tiny model folders with their tokenizers, and a running app -----------------------------------
 
 @pytest.fixture(scope="session")
-def optimus_app_folder(tmp_path_factory):
+def optimus_sample_folder(tmp_path_factory):
     """A tiny converted Optimus folder with its two tokenizers (random weights)."""
     from hf_ext.models.optimus.conversion import convert_optimus_checkpoint
     from hf_ext.models.optimus.samples import write_sample_checkpoint
@@ -157,7 +157,7 @@ def optimus_app_folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def universal_transformer_app_folder(tmp_path_factory):
+def algorithmic_seq2seq_folder(tmp_path_factory):
     """A tiny seq2seq Universal Transformer with ACT over the algorithmic vocabulary, with its tokenizer; the
     halting unit starts at bias 0, so that positions halt after different numbers of steps."""
     import torch
@@ -198,7 +198,7 @@ MTDNN_APP_WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "man", "wo
 
 
 @pytest.fixture(scope="session")
-def mtdnn_app_folder(tmp_path_factory):
+def mtdnn_sample_folder(tmp_path_factory):
     """A tiny MT-DNN model (a single-sentence task, a SAN pair task, a regression pair task) with a BERT
     tokenizer."""
     import torch
@@ -229,6 +229,14 @@ def running_app(folder):
         yield url
     finally:
         app.close()
+
+
+@pytest.fixture(scope="module")
+def client(request):
+    """A `gradio_client` of the app of the test module's model folder: the module names that folder's fixture in
+    `APP_FOLDER`."""
+    with running_app(request.getfixturevalue(request.module.APP_FOLDER)) as url:
+        yield local_client(url)
 
 
 def free_port() -> int:

@@ -388,29 +388,6 @@ OUTPUT_CASES = {
 # ----- commands on converted folders -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def optimus_folder(tmp_path_factory):
-    from hf_ext.models.optimus.conversion import convert_optimus_checkpoint
-    from hf_ext.models.optimus.samples import write_sample_checkpoint
-
-    root = tmp_path_factory.mktemp("bad_input_optimus")
-    write_sample_checkpoint(root / "original", seed=7, latent_size=5, hidden_size=32)
-    convert_optimus_checkpoint(root / "original", root / "converted")
-    return root / "converted"
-
-
-@pytest.fixture(scope="module")
-def ut_folder(tmp_path_factory):
-    from hf_ext.models.universal_transformer import UniversalTransformerForSeq2SeqLM
-    from hf_ext.models.universal_transformer.training import algorithmic_config, algorithmic_tokenizer
-
-    folder = tmp_path_factory.mktemp("bad_input_ut") / "model"
-    torch.manual_seed(0)
-    UniversalTransformerForSeq2SeqLM(algorithmic_config(hidden_size=16, intermediate_size=32)).save_pretrained(folder)
-    algorithmic_tokenizer().save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
 def ernie_folder(tmp_path_factory):
     from hf_ext.models.ernie2.conversion import convert_ernie2_checkpoint
 
@@ -509,9 +486,11 @@ def test_bad_conversion_input_gives_one_line_and_writes_nothing(build, expected_
 @pytest.mark.parametrize("build, expected_code, message",
                          [pytest.param(*case, id=name) for name, case in COMMAND_CASES.items()])
 def test_bad_command_input_gives_one_line_and_writes_nothing(build, expected_code, message, tmp_path, capsys,
-                                                             monkeypatch, optimus_folder, ut_folder, ernie_folder):
+                                                             monkeypatch, optimus_sample_folder,
+                                                             algorithmic_seq2seq_folder, ernie_folder):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    argv = build(tmp_path, {"optimus": optimus_folder, "ut": ut_folder, "ernie": ernie_folder})
+    argv = build(tmp_path, {"optimus": optimus_sample_folder, "ut": algorithmic_seq2seq_folder,
+                            "ernie": ernie_folder})
     code, err = run(argv, capsys)
     assert_refused(tmp_path, code, err, expected_code, message)
     assert not (tmp_path / "out.png").exists()

@@ -22,9 +22,9 @@ def test_the_apps_are_found_by_model_type():
     assert all(callable(module.build_app) for module in found.values())
 
 
-def test_serve_without_gradio_is_one_line(mtdnn_app_folder, monkeypatch, capsys):
+def test_serve_without_gradio_is_one_line(mtdnn_sample_folder, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "gradio", None)  # what `import gradio` meets when it is not installed
-    assert cli_exit_code(["serve", mtdnn_app_folder]) == 1
+    assert cli_exit_code(["serve", mtdnn_sample_folder]) == 1
     assert capsys.readouterr().err == "hf-ext: error: hf-ext serve needs the app extra: pip install 'hf-ext[app]'\n"
 
 
@@ -48,8 +48,8 @@ def test_a_model_type_without_an_app_is_one_line(tmp_path, capsys, monkeypatch, 
 
 
 @pytest.mark.parametrize("port", ["0", "65536", "http"])
-def test_a_bad_port_is_a_usage_error(mtdnn_app_folder, capsys, port):
-    assert cli_exit_code(["serve", mtdnn_app_folder, "--port", port]) == 2
+def test_a_bad_port_is_a_usage_error(mtdnn_sample_folder, capsys, port):
+    assert cli_exit_code(["serve", mtdnn_sample_folder, "--port", port]) == 2
     assert "argument --port" in capsys.readouterr().err
 
 
@@ -108,14 +108,14 @@ def local_network_only(monkeypatch):
     return attempts
 
 
-def test_the_app_reaches_nothing_but_its_own_address(mtdnn_app_folder, local_network_only):
+def test_the_app_reaches_nothing_but_its_own_address(mtdnn_sample_folder, local_network_only):
     """The server's side only: gradio_client itself asks the Hub for request headers unless HF_HUB_OFFLINE=1, so
     the call goes through Gradio's REST API here."""
     import json
 
     import httpx
 
-    with running_app(mtdnn_app_folder) as url:
+    with running_app(mtdnn_sample_folder) as url:
         assert url.startswith("http://127.0.0.1:")
         page = httpx.get(url)
         assert page.status_code == 200 and "MT-DNN" in page.text
@@ -129,7 +129,7 @@ def test_the_app_reaches_nothing_but_its_own_address(mtdnn_app_folder, local_net
     assert local_network_only == []
 
 
-def test_a_port_in_use_is_one_line(mtdnn_app_folder):
+def test_a_port_in_use_is_one_line(mtdnn_sample_folder):
     import socket
 
     require_extra("app", "gradio")
@@ -137,17 +137,17 @@ def test_a_port_in_use_is_one_line(mtdnn_app_folder):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        app = serve.build_app(str(mtdnn_app_folder))
+        app = serve.build_app(str(mtdnn_sample_folder))
         with pytest.raises(HfExtError, match=f"^cannot listen on 127.0.0.1:{port}: "):
             serve.launch(app, "127.0.0.1", port)
 
 
 @pytest.mark.slow
-def test_the_command_serves_a_hub_id_offline_until_ctrl_c(mtdnn_app_folder, tmp_path):
+def test_the_command_serves_a_hub_id_offline_until_ctrl_c(mtdnn_sample_folder, tmp_path):
     from hf_ext.hub import install_into_hub_cache
 
     require_extra("app", "gradio")
-    install_into_hub_cache(mtdnn_app_folder, "some-org/mtdnn-tiny", tmp_path / "home" / "hub")
+    install_into_hub_cache(mtdnn_sample_folder, "some-org/mtdnn-tiny", tmp_path / "home" / "hub")
     port = free_port()
     env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_"))}
     env.update(PYTHONPATH=str(REPO_ROOT), HF_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1",

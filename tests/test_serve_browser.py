@@ -64,13 +64,13 @@ def wait_for_value(page, elem_id):
     return textbox(page, elem_id).input_value()
 
 
-def test_optimus_interpolation_follows_the_slider(page, optimus_app_folder, tmp_path):
+def test_optimus_interpolation_follows_the_slider(page, optimus_sample_folder, tmp_path):
     from hf_ext.models.optimus import OptimusLatentSpace
     from hf_ext.models.optimus.app import MAX_NEW_TOKENS
 
-    space = OptimusLatentSpace.from_pretrained(optimus_app_folder, max_new_tokens=MAX_NEW_TOKENS)
+    space = OptimusLatentSpace.from_pretrained(optimus_sample_folder, max_new_tokens=MAX_NEW_TOKENS)
     start, end = "a man is playing a guitar .", "a woman is reading a book ."
-    with running_app(optimus_app_folder) as url:
+    with running_app(optimus_sample_folder) as url:
         page.goto(url)
         textbox(page, "start").fill(start)
         textbox(page, "end").fill(end)
@@ -91,13 +91,13 @@ def test_optimus_interpolation_follows_the_slider(page, optimus_app_folder, tmp_
         screenshot(page, "optimus", tmp_path)
 
 
-def test_universal_transformer_halting_map(page, universal_transformer_app_folder, tmp_path):
+def test_universal_transformer_halting_map(page, algorithmic_seq2seq_folder, tmp_path):
     from hf_ext.models.universal_transformer.app import UniversalTransformerApp
     from hf_ext.models.universal_transformer.commands import load_model_and_tokenizer
 
-    expected, _ = UniversalTransformerApp(*load_model_and_tokenizer(str(universal_transformer_app_folder))
+    expected, _ = UniversalTransformerApp(*load_model_and_tokenizer(str(algorithmic_seq2seq_folder))
                                           ).halting_map("31415", 0)
-    with running_app(universal_transformer_app_folder) as url:
+    with running_app(algorithmic_seq2seq_folder) as url:
         page.goto(url)
         textbox(page, "input").fill("31415")
         page.get_by_role("button", name="Halting map", exact=True).click()
@@ -107,17 +107,18 @@ def test_universal_transformer_halting_map(page, universal_transformer_app_folde
         screenshot(page, "universal_transformer", tmp_path)
 
 
-def test_mtdnn_shows_every_head(page, mtdnn_app_folder, tmp_path):
+def test_mtdnn_shows_every_head(page, mtdnn_sample_folder, tmp_path):
     from hf_ext.models.mtdnn.app import MTDNNApp
 
-    with running_app(mtdnn_app_folder) as url:
+    with running_app(mtdnn_sample_folder) as url:
         page.goto(url)
         textbox(page, "sentence").fill("a man is playing .")
         textbox(page, "second_sentence").fill("a woman is sleeping .")
         page.get_by_role("button", name="Predict", exact=True).click()
         from transformers import AutoModel, AutoTokenizer
 
-        app = MTDNNApp(AutoModel.from_pretrained(mtdnn_app_folder), AutoTokenizer.from_pretrained(mtdnn_app_folder))
+        app = MTDNNApp(AutoModel.from_pretrained(mtdnn_sample_folder),
+                       AutoTokenizer.from_pretrained(mtdnn_sample_folder))
         predictions = app.predict("a man is playing .", "a woman is sleeping .")
         for task in ("sst", "nli"):
             page.locator(f"#task_{task}").get_by_text(predictions[task]["label"]).first.wait_for()

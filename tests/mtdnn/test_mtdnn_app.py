@@ -3,26 +3,20 @@ prediction as the model computes it, pair tasks only for a pair."""
 
 import pytest
 import torch
-from conftest import local_client, running_app
 from transformers import AutoModel, AutoTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+APP_FOLDER = "mtdnn_sample_folder"  # the `client` fixture serves it
 PREMISE, HYPOTHESIS = "a man is playing .", "a woman is sleeping ."
 
 
-@pytest.fixture(scope="module")
-def client(mtdnn_app_folder):
-    with running_app(mtdnn_app_folder) as url:
-        yield local_client(url)
-
-
-def test_predict_gives_every_head_s_prediction(client, mtdnn_app_folder):
+def test_predict_gives_every_head_s_prediction(client, mtdnn_sample_folder):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert list(endpoints) == ["/predict"]
     predictions = client.predict(PREMISE, HYPOTHESIS, api_name="/predict")
     assert list(predictions) == ["sst", "nli", "sts"]
-    model, tokenizer = AutoModel.from_pretrained(mtdnn_app_folder).eval(), AutoTokenizer.from_pretrained(
-        mtdnn_app_folder)
+    model, tokenizer = AutoModel.from_pretrained(mtdnn_sample_folder).eval(), AutoTokenizer.from_pretrained(
+        mtdnn_sample_folder)
     with torch.no_grad():
         sst = model(**tokenizer(PREMISE, return_tensors="pt"), task="sst").logits.softmax(-1)[0]
         pair = tokenizer(PREMISE, HYPOTHESIS, return_tensors="pt")

@@ -3,27 +3,21 @@ answers what `OptimusLatentSpace` computes, and bad input gets one clear message
 
 import pytest
 import torch
-from conftest import local_client, running_app
 
 from hf_ext.models.optimus import OptimusLatentSpace
 from hf_ext.serve import MAX_TEXT_CHARS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+APP_FOLDER = "optimus_sample_folder"  # the `client` fixture serves it
 GREEDY = ("greedy", 4, 0.9, 0)  # decoding, beams, top-p, seed
 START, END = "a man is playing a guitar .", "a woman is reading a book ."
 
 
 @pytest.fixture(scope="module")
-def client(optimus_app_folder):
-    with running_app(optimus_app_folder) as url:
-        yield local_client(url)
-
-
-@pytest.fixture(scope="module")
-def space(optimus_app_folder):
+def space(optimus_sample_folder):
     from hf_ext.models.optimus.app import MAX_NEW_TOKENS
 
-    return OptimusLatentSpace.from_pretrained(optimus_app_folder, max_new_tokens=MAX_NEW_TOKENS)
+    return OptimusLatentSpace.from_pretrained(optimus_sample_folder, max_new_tokens=MAX_NEW_TOKENS)
 
 
 def test_the_api_names_are_stable(client):

@@ -2,25 +2,19 @@
 library's halting map and the greedy output, and bad input gets one clear message."""
 
 import pytest
-from conftest import local_client, running_app
 
 from hf_ext.models.universal_transformer.commands import load_model_and_tokenizer
 from hf_ext.models.universal_transformer.training import halting_map
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+APP_FOLDER = "algorithmic_seq2seq_folder"  # the `client` fixture serves it
 
 
-@pytest.fixture(scope="module")
-def client(universal_transformer_app_folder):
-    with running_app(universal_transformer_app_folder) as url:
-        yield local_client(url)
-
-
-def test_halting_map_is_the_library_s(client, universal_transformer_app_folder):
+def test_halting_map_is_the_library_s(client, algorithmic_seq2seq_folder):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert list(endpoints) == ["/halting_map"]
     output, rows = client.predict("31415", 0, api_name="/halting_map")
-    model, tokenizer = load_model_and_tokenizer(str(universal_transformer_app_folder))
+    model, tokenizer = load_model_and_tokenizer(str(algorithmic_seq2seq_folder))
     expected = halting_map(model, tokenizer, "31415")
     assert [(row["side"], row["tokens"]) for row in rows] == [(row.side, row.tokens) for row in expected]
     for row, reference in zip(rows, expected):

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ...errors import HfExtError, load_config, loading
+from ...errors import load_config, load_tokenizer, loading
 from ...serve import MAX_TEXT_CHARS, checked_text, user_errors
 from . import MTDNNConfig
 from .configuration_mtdnn import PAIR_FORMATS
@@ -75,13 +75,10 @@ class MTDNNApp:
 def build_app(source: str, trust_remote_code: bool | None = None) -> "gr.Blocks":
     """The multi-task predictor of the MT-DNN model in `source` (a folder or Hub repo id)."""
     import gradio as gr
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel
 
     load_config(source, MTDNNConfig.model_type, "an MT-DNN model", trust_remote_code)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as error:
-        raise HfExtError(f"{source} has no usable tokenizer: {str(error).splitlines()[0]}") from None
+    tokenizer = load_tokenizer(source, trust_remote_code)
     with loading("an MT-DNN model", source):
         model = AutoModel.from_pretrained(source, trust_remote_code=trust_remote_code)
     app = MTDNNApp(model, tokenizer)

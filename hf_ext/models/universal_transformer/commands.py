@@ -113,19 +113,16 @@ def load_model_and_tokenizer(source: str, trust_remote_code: bool | None = None,
                              ) -> tuple[UniversalTransformerPreTrainedModel, PreTrainedTokenizerBase]:
     """A Universal Transformer (as the seq2seq or classification model its config's architectures name, else the
     encoder) and its tokenizer from `source` (a folder or Hub repo id); one error line when either does not load."""
-    from transformers import AutoModel, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModel, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
 
-    from ...errors import HfExtError, load_config, loading
+    from ...errors import load_config, load_tokenizer, loading
     from . import UniversalTransformerConfig
 
     config = load_config(source, UniversalTransformerConfig.model_type, "a Universal Transformer", trust_remote_code)
     architectures = " ".join(config.architectures or [])
     auto_class = (AutoModelForSeq2SeqLM if "Seq2SeqLM" in architectures
                   else AutoModelForSequenceClassification if "SequenceClassification" in architectures else AutoModel)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as error:
-        raise HfExtError(f"{source} has no usable tokenizer: {str(error).splitlines()[0]}") from None
+    tokenizer = load_tokenizer(source, trust_remote_code)
     with loading("a Universal Transformer", source):
         model = auto_class.from_pretrained(source, trust_remote_code=trust_remote_code)
     return model, tokenizer
