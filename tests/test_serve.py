@@ -113,7 +113,8 @@ def test_the_app_reaches_nothing_but_its_own_address(mtdnn_sample_folder, local_
     the call goes through Gradio's REST API here."""
     import json
 
-    import httpx
+    require_extra("app", "gradio")
+    import httpx  # gradio's own HTTP client
 
     with running_app(mtdnn_sample_folder) as url:
         assert url.startswith("http://127.0.0.1:")
