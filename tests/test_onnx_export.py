@@ -125,3 +125,21 @@ def test_text_inputs_are_valid_pairs():
     assert (types.sum(1) > 0).all() and ((types == 1) <= (mask == 1)).all()
     with pytest.raises(HfExtError, match="cannot export"):
         onnx_export.exporter_for("bert", "somewhere")
+
+
+def test_a_graph_the_exporter_refuses_is_one_line(tmp_path):
+    """A module whose control flow depends on the data: torch.onnx's pages of advice become their cause's line."""
+    import torch
+
+    class DataDependent(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+            return (x * 2 if x.sum() > 0 else x,)
+
+    graph = onnx_export.OnnxGraph(
+        name="bad", module=DataDependent(), input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "batch"}},
+        make_inputs=lambda dims, generator: {"x": torch.randn(dims["batch"], 3, generator=generator)},
+        export_dims={"batch": 2}, check_dims=[{"batch": 2}])
+    with pytest.raises(HfExtError, match=r"^exporting bad.onnx failed: ") as refusal:
+        onnx_export.export_graph(graph, tmp_path / "bad.onnx")
+    assert "\n" not in str(refusal.value) and "\x1b" not in str(refusal.value)
+    assert not (tmp_path / "bad.onnx").exists()
