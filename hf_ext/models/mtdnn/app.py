@@ -37,15 +37,20 @@ class MTDNNApp:
         sentence = checked_text(sentence, "the sentence")
         second = checked_text(second_sentence, "the second sentence", required=False)
         limit = self.model.config.encoder.max_position_embeddings
-        predictions = {}
+        predictions, encoded = {}, {}
         for task in self.model.config.tasks:
             pair = task["data_format"] in PAIR_FORMATS
             if pair and not second:
                 predictions[task["name"]] = {"type": task["type"], "needs": "a sentence pair"}
                 continue
-            batch = self.tokenizer(sentence, second if pair else None, truncation=True, max_length=limit,
-                                   return_tensors="pt").to(self.model.device)
-            logits = self.model(**batch, task=task["name"], group_size=1).logits[0]
+            if pair not in encoded:  # the encoder runs once for the sentence and once for the pair, not per task
+                batch = self.tokenizer(sentence, second if pair else None, truncation=True, max_length=limit,
+                                       return_tensors="pt").to(self.model.device)
+                token_type_ids = batch.get("token_type_ids", torch.zeros_like(batch["input_ids"]))
+                sequence = self.model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                           token_type_ids=token_type_ids).last_hidden_state
+                encoded[pair] = (sequence, token_type_ids, batch["attention_mask"])
+            logits = self.model.head_logits(task["name"], *encoded[pair])[0][0]
             if task["type"] == "classification":
                 labels = task["labels"] or [f"LABEL_{index}" for index in range(task["num_labels"])]
                 # a SAN head's logits are log-probabilities, which the softmax leaves as they are
