@@ -1,8 +1,9 @@
 """ACT's "frozen" halted positions cost only what they must: their queries and transition are not computed, and
 their keys and values come from `FrozenKeyValues` (their projected state, folded with each step's signal) instead
-of being projected again. These tests run each model twice on the same inputs: as the package computes it, and
-with a layer that computes every position densely at every step and then keeps the old state of the halted
-positions, which is the definition of the semantics. Outputs agree to float32 rounding, the number of updates of
+of being projected again, and only the running positions go through the halting unit and the layer, packed across
+the batch. These tests run each model twice on the same inputs: as the package computes it, and with the loop over
+every position at every step and a layer that computes them all and then keeps the old state of the halted positions,
+which is the definition of the semantics. Outputs agree to float32 rounding, the number of updates of
 every position exactly, gradients too."""
 
 import pytest
@@ -16,9 +17,10 @@ ATOL = 2e-5
 
 
 def dense_layer_forward(self, states, self_attention_bias=None, running=None, nonpadding=None, cross_key_value=None,
-                        cross_attention_bias=None, frozen_key_value=None, passthrough=None):
+                        cross_attention_bias=None, passthrough=None, packed=None):
     """The frozen semantics, naively: every position projected, attended and transformed, then the halted ones
     put back (their step input as a convolution's neighbour, their old state as output)."""
+    assert packed is None
     normed = self.self_attn_layer_norm(states)
     hidden = states + self.dropout(self.self_attn(normed, *self.self_attn.project_key_value(normed),
                                                   self_attention_bias)[0])
@@ -71,9 +73,11 @@ def inputs(batch=3, length=11, seed=1, padded=True):
 
 
 def both_ways(monkeypatch, run):
-    """`run()` as the package computes it, then with the dense layer."""
+    """`run()` as the package computes it, then densely: the loop an exported graph takes (every position, every
+    step) with the naive layer."""
     fast = run()
     with monkeypatch.context() as patch:
+        patch.setattr(torch.compiler, "is_exporting", lambda: True)
         patch.setattr(modeling.UniversalTransformerLayer, "forward", dense_layer_forward)
         dense = run()
     return fast, dense
@@ -123,18 +127,21 @@ def test_seq2seq_loss_logits_and_gradients_are_those_of_the_dense_computation(mo
         torch.testing.assert_close(grad, dense_grads[name], atol=1e-4, rtol=1e-4, msg=name)
 
 
-def test_folded_keys_and_values_equal_the_projected_ones():
-    model = mixed_halting(UniversalTransformerModel(config(step_signal="sinusoid")))
+@pytest.mark.parametrize("layer_norm_type", ["layer_norm", "unbiased_std"])
+def test_folded_keys_and_values_equal_the_projected_ones(layer_norm_type):
+    model = mixed_halting(UniversalTransformerModel(config(layer_norm_type=layer_norm_type)))
     layer = model.encoder.layer
     generator = torch.Generator().manual_seed(3)
-    base = torch.randn(2, 5, 32, generator=generator)
-    signal = torch.randn(32, generator=generator)
+    states = torch.randn(2, 5, 32, generator=generator) * 2 + 0.5
+    signals = torch.randn(3, 32, generator=generator)
     halted = torch.rand(2, 5, generator=generator) < 0.6
-    frozen = modeling.FrozenKeyValues(layer.self_attn, layer.self_attn_layer_norm, base)
-    key, value = frozen(base, signal, base + signal, halted)
-    normed = layer.self_attn_layer_norm(base + signal)
-    for computed, projection in ((key, layer.self_attn.k_proj), (value, layer.self_attn.v_proj)):
-        torch.testing.assert_close(computed[halted], projection(normed)[halted], atol=1e-5, rtol=0)
+    frozen = modeling.FrozenKeyValues(layer.self_attn, layer.self_attn_layer_norm, signals, states)
+    frozen.freeze(halted, states[halted])
+    for step in range(len(signals)):
+        key, value = frozen(step)
+        normed = layer.self_attn_layer_norm(states + signals[step])
+        for computed, projection in ((key, layer.self_attn.k_proj), (value, layer.self_attn.v_proj)):
+            torch.testing.assert_close(computed[halted], projection(normed)[halted], atol=1e-5, rtol=0)
 
 
 def test_adapters_on_the_projections_fall_back_to_projecting_every_position(monkeypatch):

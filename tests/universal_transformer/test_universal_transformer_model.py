@@ -128,21 +128,24 @@ def test_halted_positions_are_only_read(halted_state):
     layer = model.encoder.layer
     counts = {}
     hooks = [count_rows(layer.transition.fc1, counts, "transition"),
-             count_rows(layer.self_attn.q_proj, counts, "query"),
-             count_rows(layer.self_attn.k_proj, counts, "key"), count_rows(layer, counts, "steps")]
+             count_rows(layer.self_attn.q_proj, counts, "query"), count_rows(layer.self_attn.k_proj, counts, "key"),
+             count_rows(model.encoder.halting, counts, "halting"), count_rows(layer, counts, "layer")]
+    calls = []
+    hooks.append(layer.register_forward_pre_hook(lambda *_: calls.append(1)))
     inputs = random_inputs(batch=1, length=9)
     with torch.no_grad():
         n_updates = model(inputs_embeds=inputs).n_updates
     for hook in hooks:
         hook.remove()
     steps = int(n_updates.max())
-    assert counts["steps"] == steps * 9  # the loop ends with the last position to halt
+    assert len(calls) == steps  # the loop ends with the last position to halt
+    rows = {name: counts[name] for name in ("layer", "halting", "query", "transition", "key")}
     if halted_state == "frozen":
-        # queries, transition and the projection of keys and values only for the positions that take the step: the
-        # halted positions are still read as keys and values, from their projected state (FrozenKeyValues)
-        assert counts["query"] == counts["transition"] == counts["key"] == int(n_updates.sum()) < steps * 9
+        # the halting unit and the layer (queries, transition, the projection of keys and values) only for the
+        # positions that take the step: the halted ones are still read as keys and values (FrozenKeyValues)
+        assert set(rows.values()) == {int(n_updates.sum())} and int(n_updates.sum()) < steps * 9, rows
     else:
-        assert counts["query"] == counts["transition"] == counts["key"] == steps * 9
+        assert set(rows.values()) == {steps * 9}, rows
 
 
 @pytest.mark.parametrize("bias, steps", [(30.0, 1), (-30.0, 6)])

@@ -11,8 +11,9 @@ dtype where wider). The ponder cost mean(N + R) over non-padding positions is re
 added to the training loss with its gradient (which reaches the halting unit through R).
 
 The loop stops as soon as every position has halted. With `act_halted_state="frozen"` a halted position is not
-transformed again: later steps project it to keys and values (and, for convolutional transitions, read it as a
-neighbour) but compute queries, attention output and transition only for the positions still running.
+transformed again: later steps read it as key and value (and, for convolutional transitions, as a neighbour), while
+the halting unit, queries, attention output and transition are computed for the running positions only, packed across
+the batch (`FrozenKeyValues` says how the halted keys and values are kept up to date in O(depth) per position).
 """
 
 import math
@@ -151,19 +152,6 @@ def running_positions(running: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return index, valid
 
 
-def gather_positions(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """`values[b, index[b, r]]` for `[batch, length, ...]` values."""
-    shape = index.shape + values.shape[2:]
-    return values.gather(1, index.view(*index.shape, *([1] * (values.dim() - 2))).expand(shape))
-
-
-def scatter_positions(base: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, values: torch.Tensor,
-                      ) -> torch.Tensor:
-    """`base` with the valid slots of `values` written at their positions (differentiable)."""
-    values = torch.where(valid.unsqueeze(-1), values, gather_positions(base, index))
-    return base.scatter(1, index.unsqueeze(-1).expand(values.shape), values)
-
-
 def scatter_query_rows(weights: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, length: int) -> torch.Tensor:
     """Attention weights `[batch, heads, R, keys]` of the running queries as `[batch, heads, length, keys]`, zero in
     the rows of the other positions."""
@@ -190,17 +178,13 @@ class UniversalTransformerLayerNorm(nn.Module):
             return self.weight * (hidden - mean) / (hidden.std(-1, keepdim=True) + self.eps) + self.bias
         return F.layer_norm(hidden, self.weight.shape, self.weight, self.bias, self.eps)
 
-    def statistics(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The mean `[..., 1]` and the inverse scale `[..., 1]` this norm computes for `hidden`:
-        `forward(hidden) = weight * (hidden - mean) * inverse_scale + bias`."""
+    def inverse_scale(self, variance: torch.Tensor) -> torch.Tensor:
+        """What this norm multiplies the centred input by, from its biased variance `variance`:
+        `forward(x) = weight * (x - mean(x)) * inverse_scale(var(x)) + bias`."""
         if self.unbiased_std:
-            return hidden.mean(-1, keepdim=True), 1.0 / (hidden.std(-1, keepdim=True) + self.eps)
-        if not (torch.is_grad_enabled() and hidden.requires_grad):
-            # PyTorch's own layer norm computes them much faster than `var`, but gives them no gradient
-            _, mean, inverse_scale = torch.ops.aten.native_layer_norm(hidden, self.weight.shape, None, None, self.eps)
-            return mean, inverse_scale
-        variance, mean = torch.var_mean(hidden, -1, unbiased=False, keepdim=True)
-        return mean, torch.rsqrt(variance + self.eps)
+            size = self.weight.shape[0]
+            return 1.0 / (torch.sqrt(variance * (size / (size - 1))) + self.eps)
+        return torch.rsqrt(variance + self.eps)
 
 
 def layer_norm(config: UniversalTransformerConfig) -> UniversalTransformerLayerNorm:
@@ -238,12 +222,13 @@ class UniversalTransformerAttention(nn.Module):
         return self._heads(key, self.key_head_dim), self._heads(value, self.value_head_dim)
 
     def key_value_weights(self, norm: UniversalTransformerLayerNorm,
-                          ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None:
-        """The key and value projections folded with the pre-norm's weight, for `FrozenKeyValues`; None when the
-        projections are not plain linear maps (adapters such as PEFT's LoRA wrap them)."""
+                          ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """The key and value projections folded with the pre-norm: `(K diag(w), K b)` for each, for
+        `FrozenKeyValues`; None when the projections are not plain linear maps (adapters such as PEFT's LoRA wrap
+        them)."""
         if type(self.k_proj) is not nn.Linear or type(self.v_proj) is not nn.Linear:
             return None
-        return [(projection.weight * norm.weight, projection.weight @ norm.weight, projection.weight @ norm.bias)
+        return [(projection.weight * norm.weight, projection.weight @ norm.bias)
                 for projection in (self.k_proj, self.v_proj)]
 
     def forward(self, queries: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -338,47 +323,89 @@ TRANSITION_CLASSES = {
 }
 
 
+def put_rows(base: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """`base` with `rows` (in the order of `mask`'s True entries) written where `mask` holds: in place unless autograd
+    is recording, where an earlier step may have saved `base` for the backward pass."""
+    if torch.is_grad_enabled() and (base.requires_grad or rows.requires_grad):
+        return base.index_put((mask,), rows)
+    return base.index_put_((mask,), rows)
+
+
 class FrozenKeyValues:
     """The keys and values of the positions ACT has halted ("frozen" semantics), at every step, without projecting
-    their states again.
+    or normalising their states again.
 
     A halted position keeps its state h; its step input is x = u + s, with u = h + its position signal and s the
-    step's signal. The pre-norm gives LN(x) = w * (x - mean(x)) * r(x) + b, so its key is
-    K LN(x) = r(x) * (A u + A s - mean(x) * A 1) + K b with A = K diag(w): `A u` is projected once, when the position
-    halts, `A s`, `A 1` and `K b` once per step for all positions, and mean(x) and r(x) are the norm's statistics,
-    O(hidden) per position. The same holds for values. This is the same function as projecting LN(x), computed in
-    another order (float32 results differ by rounding only)."""
+    step's signal. The pre-norm gives LN(x) = w * (x - mean(x)) * r + b with r the norm's inverse scale of var(x), so
+    its key is K LN(x) = r * (A c + A c_s) + K b, with A = K diag(w), c = u - mean(u) and c_s = s - mean(s). When a
+    position halts, `A c` is projected once and var(u) and mean(c * c_s) for every step's signal are kept; a step
+    then takes var(x) = var(u) + 2 mean(c * c_s) + var(s), O(1) per position, and writes the key in O(depth). The
+    same holds for values. This is the same function as projecting LN(x), computed in another order (float32
+    results differ by rounding only)."""
 
-    def __init__(self, attention, norm, state):
+    def __init__(self, attention: "UniversalTransformerAttention", norm: UniversalTransformerLayerNorm,
+                 signals: torch.Tensor, state: torch.Tensor):
+        """`signals`: the step signals `[steps, hidden]`; `state`: the `[batch, length, hidden]` states (for the
+        shapes)."""
         self.norm = norm
         self.weights = attention.key_value_weights(norm)
-        depths = (attention.k_proj.out_features, attention.v_proj.out_features)
-        self.projected = [state.new_zeros(*state.shape[:2], depth) for depth in depths]
-        self.cached = torch.zeros(state.shape[:2], dtype=torch.bool, device=state.device)
+        statistics_dtype = at_least_float32(state.dtype)
+        centred = signals - signals.mean(-1, keepdim=True)
+        self.signals = centred.to(statistics_dtype)
+        self.signal_variance = self.signals.square().mean(-1)
+        self.any_frozen = False
+        if self.weights is None:
+            return
+        # per step, [A c_s; K b]: what every key gets, scaled by its position's r and not
+        self.terms = [torch.stack([centred @ folded.T, bias.expand(len(signals), -1)], 1)
+                      for folded, bias in self.weights]
+        self.projected = [state.new_zeros(*state.shape[:2], folded.shape[0]) for folded, _ in self.weights]
+        self.variance = state.new_zeros(state.shape[:2], dtype=statistics_dtype)
+        self.covariance = state.new_zeros(*state.shape[:2], len(signals), dtype=statistics_dtype)
 
     @property
     def usable(self) -> bool:
         return self.weights is not None
 
-    def __call__(self, base, signal, step_input, halted):
-        """Keys and values `[batch, length, depth]` of the step inputs `step_input = base + signal` (`base`
-        `[batch, length, hidden]`, `signal` `[hidden]`), right at the `halted` positions."""
-        newly_halted = halted & ~self.cached
-        if bool(newly_halted.any()):
-            index, valid = running_positions(newly_halted)
-            rows = gather_positions(base, index)
-            self.projected = [scatter_positions(projected, index, valid, rows @ folded.T)
-                              for projected, (folded, _, _) in zip(self.projected, self.weights)]
-            self.cached = self.cached | newly_halted
-        mean, inverse_scale = self.norm.statistics(step_input)
-        # r * A u + (r * A s - r * mean * A 1 + K b): the second part as one [positions, 3] @ [3, depth] product
-        coefficients = torch.cat([inverse_scale, -inverse_scale * mean, torch.ones_like(mean)], -1).flatten(0, 1)
+    def freeze(self, halted: torch.Tensor, states: torch.Tensor) -> None:
+        """Keep what later steps need of the positions that have just halted (`halted` `[batch, length]`), from
+        their `states` u (`[halted.sum(), hidden]`, in mask order)."""
+        centred = states - states.mean(-1, keepdim=True)
+        wide = centred.to(self.signals.dtype)
+        self.variance = put_rows(self.variance, halted, wide.square().mean(-1))
+        self.covariance = put_rows(self.covariance, halted, wide @ self.signals.T / centred.shape[-1])
+        self.projected = [put_rows(projected, halted, centred @ folded.T)
+                          for projected, (folded, _) in zip(self.projected, self.weights)]
+        self.any_frozen = True
+
+    def __call__(self, step: int) -> list[torch.Tensor] | None:
+        """Keys and values `[batch, length, depth]` at `step`, right at the frozen positions (None while there are
+        none); the layer writes the running positions' in."""
+        if not self.any_frozen:
+            return None
+        variance = (self.variance + 2 * self.covariance[..., step] + self.signal_variance[step]).clamp(min=0)
+        scale = self.norm.inverse_scale(variance).unsqueeze(-1).to(self.projected[0].dtype)
+        coefficients = torch.cat([scale, torch.ones_like(scale)], -1).flatten(0, 1)
         outputs = []
-        for projected, (folded, ones, bias) in zip(self.projected, self.weights):
-            terms = torch.stack([signal @ folded.T, ones, bias])
-            outputs.append(torch.addmm((projected * inverse_scale).flatten(0, 1), coefficients, terms)
-                           .view_as(projected))
+        for projected, terms in zip(self.projected, self.terms):
+            output = projected * scale  # r * A c, then + r * A c_s + K b in place, as one [positions, 2] product
+            output.view(-1, output.shape[-1]).addmm_(coefficients, terms[step])
+            outputs.append(output)
         return outputs
+
+
+@dataclass
+class PackedStep:
+    """What the shared layer needs to transform only the running positions of an ACT step ("frozen" semantics)."""
+
+    running: torch.Tensor  # [batch, length] mask of the running positions
+    index: torch.Tensor  # `running_positions(running)`: their per-row layout for attention
+    valid: torch.Tensor
+    # [batch, length, depth] keys and values, right at the halted positions (`FrozenKeyValues`); None while every
+    # position runs. The layer writes the running positions' in (the tensors are made anew for every step).
+    key_value: list[torch.Tensor] | None
+    step_inputs: torch.Tensor | None  # [batch, length, hidden] step inputs of every position, where needed
+    project_every_position: bool  # adapters wrap the key/value projections: project every step input
 
 
 class UniversalTransformerLayer(GradientCheckpointingLayer):
@@ -400,57 +427,101 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
     def forward(self, states: torch.Tensor, self_attention_bias: torch.Tensor | None = None,
                 running: torch.Tensor | None = None, nonpadding: torch.Tensor | None = None,
                 cross_key_value: tuple[torch.Tensor, torch.Tensor] | None = None,
-                cross_attention_bias: torch.Tensor | None = None,
-                frozen_key_value: list[torch.Tensor] | None = None, passthrough: torch.Tensor | None = None,
+                cross_attention_bias: torch.Tensor | None = None, passthrough: torch.Tensor | None = None,
+                packed: PackedStep | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Transform `[batch, length, hidden]` step inputs. With a `running` mask only those positions are
-        transformed; every position is still read as key and value, and the others come back as `passthrough`
-        (default: their step input); their keys and values may be given (`frozen_key_value`, `[batch, length,
-        depth]` each, from `FrozenKeyValues`), and are then projected for the running positions only. Returns the
-        new states and the self- and cross-attention weights over all positions (None where not computed)."""
-        passthrough = states if passthrough is None else passthrough
-        index = valid = None
-        hidden, bias = states, self_attention_bias
-        # packing has data-dependent shapes: an exported graph computes every position and keeps the halted ones
-        if running is not None and not torch.compiler.is_exporting():
-            # the running positions packed across the batch (`[running.sum(), hidden]`), so that batch rows with
-            # fewer running positions than the most cost nothing; laid out per batch row only for attention
-            index, valid = running_positions(running)
-            hidden = states[running]
+        """Transform one step's inputs; returns the new states and the self- and cross-attention weights over all
+        positions (None where not computed).
+
+        Dense: `states` `[batch, length, hidden]`, every position computed; with a `running` mask the others are
+        read as their step input by a convolution and come back as `passthrough` (default: their step input): the
+        definition of the "frozen" semantics, which an exported graph computes.
+        Packed (`packed`): `states` are the step inputs of the running positions only, `[running.sum(), hidden]` in
+        mask order, and so are the new states; only they are normalised, queried and transformed, while every
+        position is read as key and value."""
+        bias, valid = self_attention_bias, None
+        if packed is not None:
+            valid = packed.valid
             if bias is not None and bias.shape[2] > 1:  # per-query rows (causal): keep the running queries' rows
-                bias = bias.expand(states.shape[0], -1, -1, -1)
-                bias = bias.gather(2, index[:, None, :, None].expand(-1, 1, -1, bias.shape[-1]))
-        queries = self.self_attn_layer_norm(hidden)
-        if frozen_key_value is not None:
-            # in place: `FrozenKeyValues` makes these tensors anew for every step
-            key, value = self.self_attn.split_heads(*(
-                frozen.index_put_((running,), projection(queries))
-                for frozen, projection in zip(frozen_key_value, (self.self_attn.k_proj, self.self_attn.v_proj))))
+                bias = bias.expand(packed.running.shape[0], -1, -1, -1)
+                bias = bias.gather(2, packed.index[:, None, :, None].expand(-1, 1, -1, bias.shape[-1]))
+        queries = self.self_attn_layer_norm(states)
+        if packed is None:
+            key, value = self.self_attn.project_key_value(queries)
+        elif packed.project_every_position:
+            key, value = self.self_attn.project_key_value(self.self_attn_layer_norm(packed.step_inputs))
         else:
-            key, value = self.self_attn.project_key_value(
-                queries if index is None else self.self_attn_layer_norm(states))
+            projections = (self.self_attn.k_proj(queries), self.self_attn.v_proj(queries))
+            if packed.key_value is None:  # every position runs: in mask order, the projections are the whole tensors
+                key, value = (projection.view(*packed.running.shape, -1) for projection in projections)
+            else:
+                key, value = (frozen.index_put_((packed.running,), projection)
+                              for frozen, projection in zip(packed.key_value, projections))
+            key, value = self.self_attn.split_heads(key, value)
         attention_output, self_weights = self.self_attn(queries, key, value, bias, valid)
-        hidden = hidden + self.dropout(attention_output)
+        hidden = states + self.dropout(attention_output)
         cross_weights = None
         if cross_key_value is not None:
             attention_output, cross_weights = self.cross_attn(self.cross_attn_layer_norm(hidden), *cross_key_value,
                                                               cross_attention_bias, valid)
             hidden = hidden + self.dropout(attention_output)
-        if index is not None:
+        if packed is not None:
             self_weights, cross_weights = (
-                None if weights is None else scatter_query_rows(weights, index, valid, states.shape[1])
+                None if weights is None else scatter_query_rows(weights, packed.index, valid, packed.running.shape[1])
                 for weights in (self_weights, cross_weights))
             if self.transition.position_wise:
-                hidden = hidden + self.dropout(self.transition(self.transition_layer_norm(hidden)))
-                return passthrough.index_put((running,), hidden), self_weights, cross_weights
-            # a convolution reads neighbours: positions not transformed pass their step input through unchanged
-            hidden = states.index_put((running,), hidden)
-        elif running is not None:
+                return hidden + self.dropout(self.transition(self.transition_layer_norm(hidden))), self_weights, \
+                    cross_weights
+            # a convolution reads neighbours: positions not transformed are read as their step input
+            hidden = packed.step_inputs.index_put((packed.running,), hidden)
+            hidden = hidden + self.dropout(self.transition(self.transition_layer_norm(hidden), nonpadding))
+            return hidden[packed.running], self_weights, cross_weights
+        if running is not None:
             hidden = torch.where(running.unsqueeze(-1), hidden, states)
         hidden = hidden + self.dropout(self.transition(self.transition_layer_norm(hidden), nonpadding))
         if running is not None:
-            hidden = torch.where(running.unsqueeze(-1), hidden, passthrough)
+            hidden = torch.where(running.unsqueeze(-1), hidden, states if passthrough is None else passthrough)
         return hidden, self_weights, cross_weights
+
+
+class AdaptiveComputationTime:
+    """tensor2tensor's ACT bookkeeping for one pass: halting probabilities, remainders and number of updates per
+    position, in float32 (or the model's dtype where wider). Padding counts as halted from the start: no steps, no
+    cost, no hold on the loop."""
+
+    def __init__(self, config: UniversalTransformerConfig, state: torch.Tensor, nonpadding: torch.Tensor | None):
+        self.threshold, self.max_steps = config.act_threshold, config.act_max_steps
+        self.halting_probability = torch.zeros(state.shape[:2], dtype=at_least_float32(state.dtype),
+                                               device=state.device)
+        if nonpadding is not None:
+            self.halting_probability = self.halting_probability.masked_fill(~nonpadding, 1.0)
+        self.remainders = torch.zeros_like(self.halting_probability)
+        self.n_updates = torch.zeros_like(self.halting_probability)
+
+    @property
+    def running(self) -> torch.Tensor:
+        """`[batch, length]`: the positions still transformed (t2t's `halting_probability < 1`)."""
+        return self.halting_probability < 1.0
+
+    def continues(self) -> bool:
+        """Whether the loop goes on: some position is below the threshold and below the step limit."""
+        return bool(((self.halting_probability < self.threshold) & (self.n_updates < self.max_steps)).any())
+
+    def update(self, p: torch.Tensor, running: torch.Tensor | None = None) -> torch.Tensor:
+        """Account for one step with halting probabilities `p` `[batch, length]`, or of the `running` positions only
+        (`[running.sum()]` in mask order); returns every position's weight `[batch, length]` of the step's new state
+        in the output."""
+        probability = self.halting_probability
+        if running is not None:
+            p = probability.new_zeros(probability.shape).index_put((running,), p)
+        still_running = self.running.to(p.dtype)
+        new_halted = (probability + p * still_running > self.threshold).to(p.dtype) * still_running
+        still_running = (probability + p * still_running <= self.threshold).to(p.dtype) * still_running
+        probability = probability + p * still_running
+        self.remainders = self.remainders + new_halted * (1 - probability)
+        self.halting_probability = probability + new_halted * self.remainders
+        self.n_updates = self.n_updates + still_running + new_halted
+        return p * still_running + new_halted * self.remainders
 
 
 class UniversalTransformerStack(nn.Module):
@@ -528,11 +599,11 @@ class UniversalTransformerStack(nn.Module):
                     "attentions": () if output_attentions else None,
                     "cross_attentions": () if output_attentions and self.is_decoder else None}
 
-        def transform(step_input, running=None, frozen_key_value=None, passthrough=None):
+        def transform(step_input, running=None, passthrough=None, packed=None):
             """The shared layer on one step's input; records the step's outputs that were asked for."""
             new_state, self_weights, cross_weights = self.layer(step_input, self_bias, running=running,
-                                                                nonpadding=conv_mask, frozen_key_value=frozen_key_value,
-                                                                passthrough=passthrough, **cross)
+                                                                nonpadding=conv_mask, passthrough=passthrough,
+                                                                packed=packed, **cross)
             for name, value in (("attentions", self_weights), ("cross_attentions", cross_weights)):
                 if recorded[name] is not None:
                     recorded[name] += (value,)
@@ -546,8 +617,15 @@ class UniversalTransformerStack(nn.Module):
         steps = self.step_signals(device, dtype)
         n_updates = remainders = ponder_cost = None
         if config.use_act:
-            output, n_updates, remainders = self._adaptive_steps(state, position, steps, transform, record,
-                                                                 nonpadding)
+            act = AdaptiveComputationTime(config, state, nonpadding)
+            # An exported graph cannot hold the loop's data-dependent exit nor the packing of the running positions:
+            # it takes the dense loop (every position computed, the halted ones kept).
+            if config.act_halted_state == "frozen" and not torch.compiler.is_exporting():
+                output = self._packed_act_steps(act, state, position, steps, transform, record,
+                                                output_hidden_states)
+            else:
+                output = self._dense_act_steps(act, state, position, steps, transform, record)
+            n_updates, remainders = act.n_updates, act.remainders
             counted = nonpadding.to(n_updates.dtype) if nonpadding is not None else torch.ones_like(n_updates)
             ponder_cost = ((n_updates + remainders) * counted).sum() / counted.sum().clamp(min=1.0)
         else:
@@ -560,51 +638,73 @@ class UniversalTransformerStack(nn.Module):
         return UniversalTransformerModelOutput(last_hidden_state=output, n_updates=n_updates, remainders=remainders,
                                                ponder_cost=ponder_cost, **recorded)
 
-    def _adaptive_steps(self, state, position, steps, transform, record, nonpadding):
-        """tensor2tensor's ACT loop; returns the mixed state, n_updates and remainders, and `record`s the state after
-        every step."""
-        config = self.config
-        threshold, max_steps = config.act_threshold, config.act_max_steps
-        frozen = config.act_halted_state == "frozen"
-        shape = state.shape[:2]
-        halting_probability = torch.zeros(shape, dtype=at_least_float32(state.dtype), device=state.device)
-        if nonpadding is not None:  # padding counts as halted from the start: no steps, no cost, no hold on the loop
-            halting_probability = halting_probability.masked_fill(~nonpadding, 1.0)
-        remainders = torch.zeros_like(halting_probability)
-        n_updates = torch.zeros_like(halting_probability)
+    def _halting_probabilities(self, step_inputs: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.halting(step_inputs).squeeze(-1).to(at_least_float32(step_inputs.dtype)))
+
+    def _dense_act_steps(self, act, state, position, steps, transform, record):
+        """The ACT loop over every position; returns the mixed state. With "frozen" semantics (the exported graph's
+        path) the halted positions are computed and then kept; such a graph takes all `act_max_steps` steps, since
+        a step after every position halted changes nothing."""
+        frozen, exporting = self.config.act_halted_state == "frozen", torch.compiler.is_exporting()
         mixed = torch.zeros_like(state)
-        # An exported graph cannot hold the loop's data-dependent exit nor the packing of the running positions: it
-        # takes all `max_steps` steps with every position computed and the halted ones kept (`torch.where`), which
-        # gives the same outputs, since a step after every position halted changes nothing.
-        exporting = torch.compiler.is_exporting()
-        frozen_key_values = FrozenKeyValues(self.layer.self_attn, self.layer.self_attn_layer_norm, state) \
-            if frozen and not exporting else None
-        for step in range(max_steps):
-            if not exporting and not bool(((halting_probability < threshold) & (n_updates < max_steps)).any()):
+        for step in range(act.max_steps):
+            if not exporting and not act.continues():
                 break
-            base = state + position
-            step_input = base + steps[step]
-            p = torch.sigmoid(self.halting(step_input).squeeze(-1).to(halting_probability.dtype))
-            running = halting_probability < 1.0
-            still_running = running.to(p.dtype)
-            new_halted = (halting_probability + p * still_running > threshold).to(p.dtype) * still_running
-            still_running = (halting_probability + p * still_running <= threshold).to(p.dtype) * still_running
-            halting_probability = halting_probability + p * still_running
-            remainders = remainders + new_halted * (1 - halting_probability)
-            halting_probability = halting_probability + new_halted * remainders
-            n_updates = n_updates + still_running + new_halted
-            update_weights = (p * still_running + new_halted * remainders).unsqueeze(-1).to(state.dtype)
-            if frozen and (exporting or not bool(running.all())):
-                # halted positions are only read: their queries and transition are not computed, nor, when the
-                # projections are plain, their keys and values from scratch
-                key_value = frozen_key_values(base, steps[step], step_input, ~running) \
-                    if frozen_key_values is not None and frozen_key_values.usable else None
-                state = transform(step_input, running, key_value, passthrough=state)
-            else:
-                state = transform(step_input)
-            mixed = torch.lerp(mixed, state, update_weights)  # state * w + mixed * (1 - w), in one pass
+            step_input = state + position + steps[step]
+            running = act.running
+            weights = act.update(self._halting_probabilities(step_input))
+            state = transform(step_input, running if frozen else None, passthrough=state)
+            mixed = torch.lerp(mixed, state, weights.unsqueeze(-1).to(state.dtype))  # in one pass
             record(state)
-        return mixed, n_updates, remainders
+        return mixed
+
+    def _packed_act_steps(self, act, state, position, steps, transform, record, record_states):
+        """The ACT loop with "frozen" semantics, each step computed for the running positions only (packed across
+        the batch, `[running, hidden]`): their halting unit, layer and share of the output; halted positions are
+        only read, as keys and values (`FrozenKeyValues`). Returns the mixed state."""
+        layer = self.layer
+        running = act.running
+        frozen = FrozenKeyValues(layer.self_attn, layer.self_attn_layer_norm, steps[:act.max_steps], state)
+        # every position's step input is built only where something reads it: a convolution's neighbours, adapters
+        # on the key/value projections, the recorded hidden states
+        keep_every_state = record_states or not layer.transition.position_wise or not frozen.usable
+        every_running = bool(running.all())
+        if frozen.usable and not every_running:
+            frozen.freeze(~running, (state + position)[~running])
+        states, positions = state[running], position.expand_as(state)[running]
+        # the running positions' share of the output, packed like their states; a position's is final when it
+        # halts (its weight is 0 from then on) and moves to `mixed` (only ever written: in place, also for autograd)
+        mixed = torch.zeros_like(state)
+        mixing = torch.zeros_like(states)
+        for step in range(act.max_steps):
+            if not act.continues():
+                break
+            step_inputs = states + positions + steps[step]
+            weights = act.update(self._halting_probabilities(step_inputs), running)
+            if every_running:  # in mask order, the packed states are the whole tensor: the dense layer, no layout
+                states = transform(step_inputs.view_as(state)).flatten(0, 1)
+            else:
+                index, valid = running_positions(running)
+                packed = PackedStep(running, index, valid, frozen(step) if frozen.usable else None,
+                                    state + position + steps[step] if keep_every_state else None, not frozen.usable)
+                states = transform(step_inputs, packed=packed)
+            mixing = torch.lerp(mixing, states, weights[running].unsqueeze(-1).to(states.dtype))
+            if keep_every_state:
+                state = state.index_put((running,), states)
+                record(state)
+            still_running = act.running
+            kept = still_running[running]
+            if not bool(kept.all()):
+                halted = running & ~still_running
+                mixed.index_put_((halted,), mixing[~kept])
+                if frozen.usable:
+                    frozen.freeze(halted, states[~kept] + positions[~kept])
+                states, positions, mixing = states[kept], positions[kept], mixing[kept]
+                every_running = False
+            running = still_running
+        if len(mixing):  # positions that never halted
+            mixed.index_put_((running,), mixing)
+        return mixed
 
 
 class UniversalTransformerPreTrainedModel(PreTrainedModel):
