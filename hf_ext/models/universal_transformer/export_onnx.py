@@ -4,7 +4,7 @@ PyTorch: each new token re-runs the decoder over the prefix).
 
 ACT survives export with its exact outputs (logits, states, `n_updates`, `remainders`) at any batch size and length,
 but not its early exit: an exported graph takes all `act_max_steps` steps, computing every position and keeping the
-halted ones (see `UniversalTransformerStack._adaptive_steps`), since the loop's exit and the packing of the running
+halted ones (see `UniversalTransformerStack._dense_act_steps`), since the loop's exit and the packing of the running
 positions depend on the data. Its cost is that of the fixed depth `act_max_steps`."""
 
 import torch

@@ -221,15 +221,14 @@ class UniversalTransformerAttention(nn.Module):
         """Projected keys and values `[batch, length, depth]` -> `[batch, heads, length, head_dim]`."""
         return self._heads(key, self.key_head_dim), self._heads(value, self.value_head_dim)
 
-    def key_value_weights(self, norm: UniversalTransformerLayerNorm,
-                          ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        """The key and value projections folded with the pre-norm: `(K diag(w), K b)` for each, for
-        `FrozenKeyValues`; None when the projections are not plain linear maps (adapters such as PEFT's LoRA wrap
-        them)."""
+    def key_value_weights(self, norm: UniversalTransformerLayerNorm) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The key and value projections, stacked (`[key depth + value depth, hidden]`), folded with the pre-norm:
+        `(W diag(w), W b)`, for `FrozenKeyValues`; None when the projections are not plain linear maps (adapters
+        such as PEFT's LoRA wrap them)."""
         if type(self.k_proj) is not nn.Linear or type(self.v_proj) is not nn.Linear:
             return None
-        return [(projection.weight * norm.weight, projection.weight @ norm.bias)
-                for projection in (self.k_proj, self.v_proj)]
+        stacked = torch.cat([self.k_proj.weight, self.v_proj.weight])
+        return stacked * norm.weight, stacked @ norm.bias
 
     def forward(self, queries: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_bias: torch.Tensor | None = None, valid: torch.Tensor | None = None,
@@ -356,10 +355,11 @@ class FrozenKeyValues:
         self.any_frozen = False
         if self.weights is None:
             return
-        # per step, [A c_s; K b]: what every key gets, scaled by its position's r and not
-        self.terms = [torch.stack([centred @ folded.T, bias.expand(len(signals), -1)], 1)
-                      for folded, bias in self.weights]
-        self.projected = [state.new_zeros(*state.shape[:2], folded.shape[0]) for folded, _ in self.weights]
+        folded, bias = self.weights
+        # keys and values side by side, each product done once for both; per step, [A c_s; K b]: what every key
+        # gets, scaled by its position's r and not
+        self.terms = torch.stack([centred @ folded.T, bias.expand(len(signals), -1)], 1)
+        self.projected = state.new_zeros(*state.shape[:2], folded.shape[0])
         self.variance = state.new_zeros(state.shape[:2], dtype=statistics_dtype)
         self.covariance = state.new_zeros(*state.shape[:2], len(signals), dtype=statistics_dtype)
 
@@ -374,24 +374,20 @@ class FrozenKeyValues:
         wide = centred.to(self.signals.dtype)
         self.variance = put_rows(self.variance, halted, wide.square().mean(-1))
         self.covariance = put_rows(self.covariance, halted, wide @ self.signals.T / centred.shape[-1])
-        self.projected = [put_rows(projected, halted, centred @ folded.T)
-                          for projected, (folded, _) in zip(self.projected, self.weights)]
+        self.projected = put_rows(self.projected, halted, centred @ self.weights[0].T)
         self.any_frozen = True
 
-    def __call__(self, step: int) -> list[torch.Tensor] | None:
-        """Keys and values `[batch, length, depth]` at `step`, right at the frozen positions (None while there are
-        none); the layer writes the running positions' in."""
+    def __call__(self, step: int) -> torch.Tensor | None:
+        """Keys and values side by side, `[batch, length, key depth + value depth]`, at `step`, right at the frozen
+        positions (None while there are none); the layer writes the running positions' in."""
         if not self.any_frozen:
             return None
         variance = (self.variance + 2 * self.covariance[..., step] + self.signal_variance[step]).clamp(min=0)
-        scale = self.norm.inverse_scale(variance).unsqueeze(-1).to(self.projected[0].dtype)
-        coefficients = torch.cat([scale, torch.ones_like(scale)], -1).flatten(0, 1)
-        outputs = []
-        for projected, terms in zip(self.projected, self.terms):
-            output = projected * scale  # r * A c, then + r * A c_s + K b in place, as one [positions, 2] product
-            output.view(-1, output.shape[-1]).addmm_(coefficients, terms[step])
-            outputs.append(output)
-        return outputs
+        scale = self.norm.inverse_scale(variance).unsqueeze(-1).to(self.projected.dtype)
+        output = self.projected * scale  # r * A c, then + r * A c_s + K b in place, as one [positions, 2] product
+        output.view(-1, output.shape[-1]).addmm_(torch.cat([scale, torch.ones_like(scale)], -1).flatten(0, 1),
+                                                 self.terms[step])
+        return output
 
 
 @dataclass
@@ -401,9 +397,10 @@ class PackedStep:
     running: torch.Tensor  # [batch, length] mask of the running positions
     index: torch.Tensor  # `running_positions(running)`: their per-row layout for attention
     valid: torch.Tensor
-    # [batch, length, depth] keys and values, right at the halted positions (`FrozenKeyValues`); None while every
-    # position runs. The layer writes the running positions' in (the tensors are made anew for every step).
-    key_value: list[torch.Tensor] | None
+    # [batch, length, key depth + value depth] keys and values side by side, right at the halted positions
+    # (`FrozenKeyValues`); None while every position runs. The layer writes the running positions' in (the tensor is
+    # made anew for every step).
+    key_value: torch.Tensor | None
     step_inputs: torch.Tensor | None  # [batch, length, hidden] step inputs of every position, where needed
     project_every_position: bool  # adapters wrap the key/value projections: project every step input
 
@@ -451,12 +448,13 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
         elif packed.project_every_position:
             key, value = self.self_attn.project_key_value(self.self_attn_layer_norm(packed.step_inputs))
         else:
-            projections = (self.self_attn.k_proj(queries), self.self_attn.v_proj(queries))
+            key, value = self.self_attn.k_proj(queries), self.self_attn.v_proj(queries)
             if packed.key_value is None:  # every position runs: in mask order, the projections are the whole tensors
-                key, value = (projection.view(*packed.running.shape, -1) for projection in projections)
+                key, value = (projection.view(*packed.running.shape, -1) for projection in (key, value))
             else:
-                key, value = (frozen.index_put_((packed.running,), projection)
-                              for frozen, projection in zip(packed.key_value, projections))
+                depths = [key.shape[-1], value.shape[-1]]
+                key, value = packed.key_value.index_put_((packed.running,), torch.cat([key, value], -1)).split(
+                    depths, -1)
             key, value = self.self_attn.split_heads(key, value)
         attention_output, self_weights = self.self_attn(queries, key, value, bias, valid)
         hidden = states + self.dropout(attention_output)
@@ -676,9 +674,8 @@ class UniversalTransformerStack(nn.Module):
         # halts (its weight is 0 from then on) and moves to `mixed` (only ever written: in place, also for autograd)
         mixed = torch.zeros_like(state)
         mixing = torch.zeros_like(states)
-        for step in range(act.max_steps):
-            if not act.continues():
-                break
+        step, going_on = 0, act.continues()
+        while going_on:
             step_inputs = states + positions + steps[step]
             weights = act.update(self._halting_probabilities(step_inputs), running)
             if every_running:  # in mask order, the packed states are the whole tensor: the dense layer, no layout
@@ -692,12 +689,14 @@ class UniversalTransformerStack(nn.Module):
             if keep_every_state:
                 state = state.index_put((running,), states)
                 record(state)
+            step += 1
+            going_on = step < act.max_steps and act.continues()
             still_running = act.running
             kept = still_running[running]
             if not bool(kept.all()):
                 halted = running & ~still_running
                 mixed.index_put_((halted,), mixing[~kept])
-                if frozen.usable:
+                if frozen.usable and going_on:  # read by the steps to come only
                     frozen.freeze(halted, states[~kept] + positions[~kept])
                 states, positions, mixing = states[kept], positions[kept], mixing[kept]
                 every_running = False
