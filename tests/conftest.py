@@ -217,13 +217,16 @@ def mtdnn_sample_folder(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def running_app(folder):
+def running_app(folder, page_load_js: str | None = None):
     """`hf-ext serve`'s app of `folder` on a free loopback port, in a background thread: yields its URL; closed on
-    the way out."""
+    the way out. `page_load_js`: a JavaScript function the page runs once gradio has mounted every component."""
     from hf_ext import serve
 
     require_extra("app", "gradio")
     app = serve.build_app(str(folder))
+    if page_load_js is not None:
+        with app:
+            app.load(None, js=page_load_js)
     url = serve.launch(app, "127.0.0.1", free_port())
     try:
         yield url

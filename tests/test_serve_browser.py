@@ -3,6 +3,7 @@ installs it; Playwright's own browser download is not possible there). Each app 
 page shows is checked against the library, and the page may reach nothing but the app's own address. Under CI=true
 a missing chromium or Playwright fails the test instead of skipping it."""
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -47,6 +48,17 @@ def page(browser):
     assert elsewhere == []
 
 
+@contextlib.contextmanager
+def opened_app(page, folder):
+    """The app of `folder` running and open in `page`, once gradio has mounted every component: it loads their
+    modules after the page, and a value set before the last one has loaded is reset to the initial one (seen with
+    gradio 6.17 on a busy machine: the slider went back to 0.5). Gradio runs the app's load event after the mount."""
+    with running_app(folder, page_load_js="() => { document.body.dataset.appMounted = 'true'; }") as url:
+        page.goto(url)
+        page.wait_for_function("document.body.dataset.appMounted === 'true'")
+        yield
+
+
 def screenshot(page, name, tmp_path):
     """The page as a PNG: in $HF_EXT_SCREENSHOTS when set (docs/images/serve_<model>.png come from there), else in
     the test's folder."""
@@ -70,8 +82,7 @@ def test_optimus_interpolation_follows_the_slider(page, optimus_sample_folder, t
 
     space = OptimusLatentSpace.from_pretrained(optimus_sample_folder, max_new_tokens=MAX_NEW_TOKENS)
     start, end = "a man is playing a guitar .", "a woman is reading a book ."
-    with running_app(optimus_sample_folder) as url:
-        page.goto(url)
+    with opened_app(page, optimus_sample_folder):
         textbox(page, "start").fill(start)
         textbox(page, "end").fill(end)
         page.locator("#t input[type=range]").fill("0.75")
@@ -97,8 +108,7 @@ def test_universal_transformer_halting_map(page, algorithmic_seq2seq_folder, tmp
 
     expected, _ = UniversalTransformerApp(*load_model_and_tokenizer(str(algorithmic_seq2seq_folder))
                                           ).halting_map("31415", 0)
-    with running_app(algorithmic_seq2seq_folder) as url:
-        page.goto(url)
+    with opened_app(page, algorithmic_seq2seq_folder):
         textbox(page, "input").fill("31415")
         page.get_by_role("button", name="Halting map", exact=True).click()
         assert wait_for_value(page, "output") == expected
@@ -110,8 +120,7 @@ def test_universal_transformer_halting_map(page, algorithmic_seq2seq_folder, tmp
 def test_mtdnn_shows_every_head(page, mtdnn_sample_folder, tmp_path):
     from hf_ext.models.mtdnn.app import MTDNNApp
 
-    with running_app(mtdnn_sample_folder) as url:
-        page.goto(url)
+    with opened_app(page, mtdnn_sample_folder):
         textbox(page, "sentence").fill("a man is playing .")
         textbox(page, "second_sentence").fill("a woman is sleeping .")
         page.get_by_role("button", name="Predict", exact=True).click()
