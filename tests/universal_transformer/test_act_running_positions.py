@@ -152,7 +152,7 @@ def test_adapters_on_the_projections_fall_back_to_projecting_every_position(monk
             if "lora_B" in name:
                 parameter.normal_(0, 0.5)
     layer = model.base_model.model.encoder.layer
-    assert layer.self_attn.key_value_weights(layer.self_attn_layer_norm) is None
+    assert layer.self_attn.stacked_key_value_weight() is None
     input_ids, mask = inputs()
     labels = inputs(length=9, seed=2, padded=False)[0]
     with torch.no_grad():

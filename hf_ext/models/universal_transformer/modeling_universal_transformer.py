@@ -221,14 +221,13 @@ class UniversalTransformerAttention(nn.Module):
         """Projected keys and values `[batch, length, depth]` -> `[batch, heads, length, head_dim]`."""
         return self._heads(key, self.key_head_dim), self._heads(value, self.value_head_dim)
 
-    def key_value_weights(self, norm: UniversalTransformerLayerNorm) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The key and value projections, stacked (`[key depth + value depth, hidden]`), folded with the pre-norm:
-        `(W diag(w), W b)`, for `FrozenKeyValues`; None when the projections are not plain linear maps (adapters
-        such as PEFT's LoRA wrap them)."""
+    def stacked_key_value_weight(self) -> torch.Tensor | None:
+        """The key and value projections stacked, `[key depth + value depth, hidden]`: one product gives keys and
+        values side by side (`FrozenKeyValues`); None when the projections are not plain linear maps (adapters such
+        as PEFT's LoRA wrap them)."""
         if type(self.k_proj) is not nn.Linear or type(self.v_proj) is not nn.Linear:
             return None
-        stacked = torch.cat([self.k_proj.weight, self.v_proj.weight])
-        return stacked * norm.weight, stacked @ norm.bias
+        return torch.cat([self.k_proj.weight, self.v_proj.weight])
 
     def forward(self, queries: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_bias: torch.Tensor | None = None, valid: torch.Tensor | None = None,
@@ -347,25 +346,24 @@ class FrozenKeyValues:
         """`signals`: the step signals `[steps, hidden]`; `state`: the `[batch, length, hidden]` states (for the
         shapes)."""
         self.norm = norm
-        self.weights = attention.key_value_weights(norm)
+        self.weight = attention.stacked_key_value_weight()
         statistics_dtype = at_least_float32(state.dtype)
         centred = signals - signals.mean(-1, keepdim=True)
         self.signals = centred.to(statistics_dtype)
         self.signal_variance = self.signals.square().mean(-1)
         self.any_frozen = False
-        if self.weights is None:
+        if self.weight is None:
             return
-        folded, bias = self.weights
-        # keys and values side by side, each product done once for both; per step, [A c_s; K b]: what every key
-        # gets, scaled by its position's r and not
-        self.terms = torch.stack([centred @ folded.T, bias.expand(len(signals), -1)], 1)
-        self.projected = state.new_zeros(*state.shape[:2], folded.shape[0])
+        # keys and values side by side, each product done once for both: A, K b and A c_s of every step
+        self.folded, self.bias = self.weight * norm.weight, self.weight @ norm.bias
+        self.signal_terms = centred @ self.folded.T
+        self.projected = state.new_zeros(*state.shape[:2], self.weight.shape[0])
         self.variance = state.new_zeros(state.shape[:2], dtype=statistics_dtype)
         self.covariance = state.new_zeros(*state.shape[:2], len(signals), dtype=statistics_dtype)
 
     @property
     def usable(self) -> bool:
-        return self.weights is not None
+        return self.weight is not None
 
     def freeze(self, halted: torch.Tensor, states: torch.Tensor) -> None:
         """Keep what later steps need of the positions that have just halted (`halted` `[batch, length]`), from
@@ -374,20 +372,19 @@ class FrozenKeyValues:
         wide = centred.to(self.signals.dtype)
         self.variance = put_rows(self.variance, halted, wide.square().mean(-1))
         self.covariance = put_rows(self.covariance, halted, wide @ self.signals.T / centred.shape[-1])
-        self.projected = put_rows(self.projected, halted, centred @ self.weights[0].T)
+        self.projected = put_rows(self.projected, halted, centred @ self.folded.T)
         self.any_frozen = True
 
     def __call__(self, step: int) -> torch.Tensor | None:
         """Keys and values side by side, `[batch, length, key depth + value depth]`, at `step`, right at the frozen
-        positions (None while there are none); the layer writes the running positions' in."""
+        positions (None while there are none, as where adapters wrap the projections); the layer writes the running
+        positions' in."""
         if not self.any_frozen:
             return None
         variance = (self.variance + 2 * self.covariance[..., step] + self.signal_variance[step]).clamp(min=0)
         scale = self.norm.inverse_scale(variance).unsqueeze(-1).to(self.projected.dtype)
-        output = self.projected * scale  # r * A c, then + r * A c_s + K b in place, as one [positions, 2] product
-        output.view(-1, output.shape[-1]).addmm_(torch.cat([scale, torch.ones_like(scale)], -1).flatten(0, 1),
-                                                 self.terms[step])
-        return output
+        # K b + r * A c, then + r * A c_s in place: two passes over the output
+        return torch.addcmul(self.bias, self.projected, scale).addcmul_(scale, self.signal_terms[step])
 
 
 @dataclass
@@ -398,11 +395,12 @@ class PackedStep:
     index: torch.Tensor  # `running_positions(running)`: their per-row layout for attention
     valid: torch.Tensor
     # [batch, length, key depth + value depth] keys and values side by side, right at the halted positions
-    # (`FrozenKeyValues`); None while every position runs. The layer writes the running positions' in (the tensor is
-    # made anew for every step).
+    # (`FrozenKeyValues`), and the stacked projection that gives the running positions' (the layer writes them in;
+    # the tensor is made anew for every step). None where adapters wrap the projections: every step input is
+    # projected.
     key_value: torch.Tensor | None
+    key_value_weight: torch.Tensor | None
     step_inputs: torch.Tensor | None  # [batch, length, hidden] step inputs of every position, where needed
-    project_every_position: bool  # adapters wrap the key/value projections: project every step input
 
 
 class UniversalTransformerLayer(GradientCheckpointingLayer):
@@ -445,17 +443,12 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
         queries = self.self_attn_layer_norm(states)
         if packed is None:
             key, value = self.self_attn.project_key_value(queries)
-        elif packed.project_every_position:
+        elif packed.key_value is None:
             key, value = self.self_attn.project_key_value(self.self_attn_layer_norm(packed.step_inputs))
         else:
-            key, value = self.self_attn.k_proj(queries), self.self_attn.v_proj(queries)
-            if packed.key_value is None:  # every position runs: in mask order, the projections are the whole tensors
-                key, value = (projection.view(*packed.running.shape, -1) for projection in (key, value))
-            else:
-                depths = [key.shape[-1], value.shape[-1]]
-                key, value = packed.key_value.index_put_((packed.running,), torch.cat([key, value], -1)).split(
-                    depths, -1)
-            key, value = self.self_attn.split_heads(key, value)
+            key_value = packed.key_value.index_put_((packed.running,), F.linear(queries, packed.key_value_weight))
+            key, value = self.self_attn.split_heads(*key_value.split(
+                [self.self_attn.k_proj.out_features, self.self_attn.v_proj.out_features], -1))
         attention_output, self_weights = self.self_attn(queries, key, value, bias, valid)
         hidden = states + self.dropout(attention_output)
         cross_weights = None
@@ -682,8 +675,8 @@ class UniversalTransformerStack(nn.Module):
                 states = transform(step_inputs.view_as(state)).flatten(0, 1)
             else:
                 index, valid = running_positions(running)
-                packed = PackedStep(running, index, valid, frozen(step) if frozen.usable else None,
-                                    state + position + steps[step] if keep_every_state else None, not frozen.usable)
+                packed = PackedStep(running, index, valid, frozen(step), frozen.weight,
+                                    state + position + steps[step] if keep_every_state else None)
                 states = transform(step_inputs, packed=packed)
             mixing = torch.lerp(mixing, states, weights[running].unsqueeze(-1).to(states.dtype))
             if keep_every_state:
