@@ -329,6 +329,30 @@ def put_rows(base: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> torc
     return base.index_put_((mask,), rows)
 
 
+class KeysAndValuesWithHalted(torch.autograd.Function):
+    """Keys and values side by side of every position, `[batch, length, depth]`: `rows` (`[running.sum(), depth]`,
+    projected from the running positions' step inputs) where `running` holds, `bias + scale * (projected +
+    signal_term)` at the halted positions (`FrozenKeyValues`). Written by hand for its backward pass, which runs at
+    every step of a training pass: it reads the incoming gradient in four passes, where autograd's for `addcmul` and
+    `index_put_` takes about twice as many and copies it."""
+
+    @staticmethod
+    def forward(ctx, projected, scale, signal_term, bias, running, rows):
+        ctx.save_for_backward(projected, scale, signal_term, running)
+        return torch.addcmul(bias, projected, scale).addcmul_(scale, signal_term).index_put_((running,), rows)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        projected, scale, signal_term, running = ctx.saved_tensors
+        halted = (~running).unsqueeze(-1).to(grad.dtype)  # the running positions' formula values were overwritten
+        halted_scale = scale * halted
+        grad_scale = (torch.linalg.vecdot(grad, projected) + grad @ signal_term).unsqueeze(-1) * halted
+        # the signal term's and the bias's gradients in one product: a single pass over the gradient
+        grad_signal_term, grad_bias = torch.stack([halted_scale, halted]).flatten(1) @ grad.flatten(0, 1)
+        return grad * halted_scale, grad_scale, grad_signal_term, grad_bias, None, grad[running]
+
+
 class FrozenKeyValues:
     """The keys and values of the positions ACT has halted ("frozen" semantics), at every step, without projecting
     or normalising their states again.
@@ -375,16 +399,14 @@ class FrozenKeyValues:
         self.projected = put_rows(self.projected, halted, centred @ self.folded.T)
         self.any_frozen = True
 
-    def __call__(self, step: int) -> torch.Tensor | None:
-        """Keys and values side by side, `[batch, length, key depth + value depth]`, at `step`, right at the frozen
-        positions (None while there are none, as where adapters wrap the projections); the layer writes the running
-        positions' in."""
+    def __call__(self, step: int) -> tuple[torch.Tensor, ...] | None:
+        """What `KeysAndValuesWithHalted` needs of the frozen positions at `step`: `(A c, r, A c_s, K b)` for keys and
+        values side by side (None while there are none, as where adapters wrap the projections)."""
         if not self.any_frozen:
             return None
         variance = (self.variance + 2 * self.covariance[..., step] + self.signal_variance[step]).clamp(min=0)
         scale = self.norm.inverse_scale(variance).unsqueeze(-1).to(self.projected.dtype)
-        # K b + r * A c, then + r * A c_s in place: two passes over the output
-        return torch.addcmul(self.bias, self.projected, scale).addcmul_(scale, self.signal_terms[step])
+        return self.projected, scale, self.signal_terms[step], self.bias
 
 
 @dataclass
@@ -394,11 +416,10 @@ class PackedStep:
     running: torch.Tensor  # [batch, length] mask of the running positions
     index: torch.Tensor  # `running_positions(running)`: their per-row layout for attention
     valid: torch.Tensor
-    # [batch, length, key depth + value depth] keys and values side by side, right at the halted positions
-    # (`FrozenKeyValues`), and the stacked projection that gives the running positions' (the layer writes them in;
-    # the tensor is made anew for every step). None where adapters wrap the projections: every step input is
-    # projected.
-    key_value: torch.Tensor | None
+    # the halted positions' terms of their keys and values (`FrozenKeyValues`), and the stacked projection that
+    # gives the running positions' (`KeysAndValuesWithHalted` joins them). None where adapters wrap the
+    # projections: every step input is projected.
+    halted_key_value: tuple[torch.Tensor, ...] | None
     key_value_weight: torch.Tensor | None
     step_inputs: torch.Tensor | None  # [batch, length, hidden] step inputs of every position, where needed
 
@@ -443,10 +464,11 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
         queries = self.self_attn_layer_norm(states)
         if packed is None:
             key, value = self.self_attn.project_key_value(queries)
-        elif packed.key_value is None:
+        elif packed.halted_key_value is None:
             key, value = self.self_attn.project_key_value(self.self_attn_layer_norm(packed.step_inputs))
         else:
-            key_value = packed.key_value.index_put_((packed.running,), F.linear(queries, packed.key_value_weight))
+            key_value = KeysAndValuesWithHalted.apply(*packed.halted_key_value, packed.running,
+                                                      F.linear(queries, packed.key_value_weight))
             key, value = self.self_attn.split_heads(*key_value.split(
                 [self.self_attn.k_proj.out_features, self.self_attn.v_proj.out_features], -1))
         attention_output, self_weights = self.self_attn(queries, key, value, bias, valid)
