@@ -337,13 +337,14 @@ class KeysAndValuesWithHalted(torch.autograd.Function):
     `index_put_` takes about twice as many and copies it."""
 
     @staticmethod
-    def forward(ctx, projected, scale, signal_term, bias, running, rows):
+    def forward(ctx: Any, projected: torch.Tensor, scale: torch.Tensor, signal_term: torch.Tensor,
+                bias: torch.Tensor, running: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(projected, scale, signal_term, running)
         return torch.addcmul(bias, projected, scale).addcmul_(scale, signal_term).index_put_((running,), rows)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         projected, scale, signal_term, running = ctx.saved_tensors
         halted = (~running).unsqueeze(-1).to(grad.dtype)  # the running positions' formula values were overwritten
         halted_scale = scale * halted
