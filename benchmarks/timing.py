@@ -139,7 +139,7 @@ def report_ratio(label, numerator, denominator, target=None, higher_is_better=Fa
     else:
         met = paired >= target if higher_is_better else paired <= target
         verdict = f"target {'>=' if higher_is_better else '<='} {target}x: {'met' if met else 'MISSED'}"
-    print(f"RESULT {label}: {paired:.2f}x ({verdict}; ratio of medians "
-          f"{statistics.median(numerator) / statistics.median(denominator):.2f}x, of minimums "
-          f"{min(numerator) / min(denominator):.2f}x)")
+    print(f"RESULT {label}: {paired:.3f}x ({verdict}; ratio of medians "
+          f"{statistics.median(numerator) / statistics.median(denominator):.3f}x, of minimums "
+          f"{min(numerator) / min(denominator):.3f}x)")
     return met

@@ -9,7 +9,7 @@ from conftest import REPO_ROOT, require_extra, run_script
 
 BENCHMARKS = sorted((REPO_ROOT / "benchmarks").glob("bench_*.py"))
 EXTRAS = {"bench_onnx": ("onnx", "onnx", "onnxruntime", "onnxscript")}  # script -> (extra, its modules)
-RESULT_LINE = re.compile(r"^RESULT .+: \d+\.\d\dx \((target [<>]= [\d.]+x: (met|MISSED)|no target); ", re.MULTILINE)
+RESULT_LINE = re.compile(r"^RESULT .+: \d+\.\d+x \((target [<>]= [\d.]+x: (met|MISSED)|no target); ", re.MULTILINE)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

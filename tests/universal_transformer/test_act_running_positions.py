@@ -136,24 +136,27 @@ def test_folded_keys_and_values_equal_the_projected_ones(layer_norm_type):
     signals = torch.randn(3, 32, generator=generator)
     halted = torch.rand(2, 5, generator=generator) < 0.6
     frozen = modeling.FrozenKeyValues(layer.self_attn, layer.self_attn_layer_norm, signals, states)
-    frozen.freeze(halted, states[halted])
+    frozen.freeze(halted.flatten().nonzero().squeeze(1), states[halted])
+    running_index = (~halted).flatten().nonzero().squeeze(1)
     for step in range(len(signals)):
         normed = layer.self_attn_layer_norm(states + signals[step])
         rows = torch.cat([layer.self_attn.k_proj(normed), layer.self_attn.v_proj(normed)], -1)[~halted]
-        key, value = modeling.KeysAndValuesWithHalted.apply(*frozen(step), ~halted, rows).split(32, -1)
+        key, value = modeling.KeysAndValuesWithHalted.apply(*frozen(step), ~halted, running_index, rows, 32)
         for computed, projection in ((key, layer.self_attn.k_proj), (value, layer.self_attn.v_proj)):
             torch.testing.assert_close(computed, projection(normed), atol=1e-5, rtol=0)
 
 
 def test_gradients_of_keys_and_values_with_halted_positions():
-    """The hand-written backward pass against numerical derivatives (float64)."""
+    """The hand-written backward pass against numerical derivatives (float64), keys and values of different
+    depths."""
     generator = torch.Generator().manual_seed(4)
     running = torch.rand(2, 5, generator=generator) < 0.4
     shapes = [(2, 5, 6), (2, 5, 1), (6,), (6,), (int(running.sum()), 6)]
     projected, scale, signal_term, bias, rows = (torch.randn(shape, generator=generator, dtype=torch.float64,
                                                              requires_grad=True) for shape in shapes)
     assert torch.autograd.gradcheck(
-        lambda *tensors: modeling.KeysAndValuesWithHalted.apply(*tensors[:4], running, tensors[4]),
+        lambda *tensors: modeling.KeysAndValuesWithHalted.apply(*tensors[:4], running,
+                                                                running.flatten().nonzero().squeeze(1), tensors[4], 2),
         (projected, scale, signal_term, bias, rows))
 
 

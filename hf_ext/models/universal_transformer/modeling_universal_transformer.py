@@ -141,24 +141,43 @@ def attention_bias(attention_mask: torch.Tensor | None, length: int, causal: boo
     return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
-def running_positions(running: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`[batch, R]` indices of the running positions of each row (in order; rows with fewer are filled up with
-    other, distinct positions) and the `[batch, R]` mask of the slots that hold a running position."""
-    counts = running.sum(dim=1)
-    width = int(counts.max())
-    order = torch.argsort((~running).to(torch.int8), dim=1, stable=True)
-    index = order[:, :width]
-    valid = torch.arange(width, device=running.device).unsqueeze(0) < counts.unsqueeze(1)
-    return index, valid
+@dataclass
+class QueryLayout:
+    """The running positions' queries laid out for attention, `[batch, width]` slots: each batch row's running
+    positions first, in order, then padding (width: the most running positions of a row)."""
+
+    slots: torch.Tensor  # [running] the flat slot of each running position, in mask order
+    batch: int
+    width: int
+
+    @classmethod
+    def of(cls, running: torch.Tensor, running_index: torch.Tensor) -> "QueryLayout":
+        """The layout of the positions `running` (`[batch, length]`) holds, whose flat indices (into `batch *
+        length`, in mask order) are `running_index`."""
+        counts = running.sum(dim=1)
+        width = int(counts.max())
+        row = torch.div(running_index, running.shape[1], rounding_mode="floor")
+        first = counts.cumsum(0) - counts  # each batch row's first running position, in mask order
+        slots = torch.arange(len(running_index), device=running_index.device) - first[row] + row * width
+        return cls(slots, running.shape[0], width)
+
+    def pad(self, packed: torch.Tensor) -> torch.Tensor:
+        """`[running, ...]` -> `[batch, width, ...]`, zero in the padding slots."""
+        padded = packed.new_zeros(self.batch * self.width, *packed.shape[1:]).index_copy(0, self.slots, packed)
+        return padded.view(self.batch, self.width, *packed.shape[1:])
+
+    def unpad(self, padded: torch.Tensor) -> torch.Tensor:
+        """`[batch, width, ...]` -> `[running, ...]`."""
+        return padded.reshape(self.batch * self.width, *padded.shape[2:]).index_select(0, self.slots)
 
 
-def scatter_query_rows(weights: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, length: int) -> torch.Tensor:
-    """Attention weights `[batch, heads, R, keys]` of the running queries as `[batch, heads, length, keys]`, zero in
-    the rows of the other positions."""
-    weights = weights * valid[:, None, :, None].to(weights.dtype)
-    rows = index[:, None, :, None].expand(-1, weights.shape[1], -1, weights.shape[-1])
-    full = weights.new_zeros(weights.shape[0], weights.shape[1], length, weights.shape[-1])
-    return full.scatter(2, rows, weights)
+def scatter_query_rows(weights: torch.Tensor, layout: QueryLayout, running_index: torch.Tensor,
+                       length: int) -> torch.Tensor:
+    """Attention weights `[batch, heads, width, keys]` of the running queries as `[batch, heads, length, keys]`, zero
+    in the rows of the other positions."""
+    per_query = layout.unpad(weights.transpose(1, 2))  # [running, heads, keys]
+    full = per_query.new_zeros(layout.batch * length, *per_query.shape[1:]).index_copy(0, running_index, per_query)
+    return full.view(layout.batch, length, *per_query.shape[1:]).transpose(1, 2)
 
 
 class UniversalTransformerLayerNorm(nn.Module):
@@ -230,21 +249,21 @@ class UniversalTransformerAttention(nn.Module):
         return torch.cat([self.k_proj.weight, self.v_proj.weight])
 
     def forward(self, queries: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                attention_bias: torch.Tensor | None = None, valid: torch.Tensor | None = None,
+                attention_bias: torch.Tensor | None = None, layout: QueryLayout | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The attention output `[batch, queries, hidden]` and the weights `[batch, heads, queries, keys]` (None
-        from attention functions that do not compute them, such as SDPA). With `valid` (`[batch, slots]`), the
-        queries come packed (`[valid.sum(), hidden]`, row by row) and so does the output: they are projected packed
-        and laid out in `slots` rows per batch row only for the attention itself."""
+        from attention functions that do not compute them, such as SDPA). With a `layout`, the queries come packed
+        (`[running, hidden]`) and so does the output: they are projected packed and laid out in the layout's slots
+        only for the attention itself."""
         projected = self.q_proj(queries)
-        if valid is not None:
-            projected = projected.new_zeros(*valid.shape, projected.shape[-1]).index_put((valid,), projected)
+        if layout is not None:
+            projected = layout.pad(projected)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         output, weights = attention(self, self._heads(projected, self.key_head_dim), key, value, attention_bias,
                                     scaling=self.scaling,
                                     dropout=self.config.attention_dropout if self.training else 0.0)
         output = output.reshape(*projected.shape[:2], -1)
-        return self.o_proj(output if valid is None else output[valid]), weights
+        return self.o_proj(output if layout is None else layout.unpad(output)), weights
 
 
 def padded_conv(conv: nn.Module, hidden: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -321,37 +340,54 @@ TRANSITION_CLASSES = {
 }
 
 
-def put_rows(base: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """`base` with `rows` (in the order of `mask`'s True entries) written where `mask` holds: in place unless autograd
-    is recording, where an earlier step may have saved `base` for the backward pass."""
+def put_rows(base: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """`base` (`[batch, length, ...]`) with `rows` written at the positions of flat indices `index` (into `batch *
+    length`): in place unless autograd is recording, where an earlier step may have saved `base` for the backward
+    pass."""
+    flat = base.flatten(0, 1)
     if torch.is_grad_enabled() and (base.requires_grad or rows.requires_grad):
-        return base.index_put((mask,), rows)
-    return base.index_put_((mask,), rows)
+        return flat.index_copy(0, index, rows).view_as(base)
+    flat.index_copy_(0, index, rows)
+    return base
 
 
 class KeysAndValuesWithHalted(torch.autograd.Function):
-    """Keys and values side by side of every position, `[batch, length, depth]`: `rows` (`[running.sum(), depth]`,
-    projected from the running positions' step inputs) where `running` holds, `bias + scale * (projected +
-    signal_term)` at the halted positions (`FrozenKeyValues`). Written by hand for its backward pass, which runs at
-    every step of a training pass: it reads the incoming gradient in four passes, where autograd's for `addcmul` and
-    `index_put_` takes about twice as many and copies it."""
+    """The keys `[batch, length, key_depth]` and values of every position: `rows` (`[running, depth]`, keys and values
+    side by side, projected from the running positions' step inputs) at the running positions (mask `running`, flat
+    indices `running_index`), `bias + scale * (projected + signal_term)` at the halted ones (`FrozenKeyValues`).
+    Written by hand for its backward pass, which runs at every step of a training pass: it reads the incoming
+    gradients in four passes, where autograd's for `addcmul`, `index_copy_` and `split` takes about twice as many and
+    copies them twice (keys and values come out as two views of one tensor, and their gradients stay apart)."""
 
     @staticmethod
     def forward(ctx: Any, projected: torch.Tensor, scale: torch.Tensor, signal_term: torch.Tensor,
-                bias: torch.Tensor, running: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(projected, scale, signal_term, running)
-        return torch.addcmul(bias, projected, scale).addcmul_(scale, signal_term).index_put_((running,), rows)
+                bias: torch.Tensor, running: torch.Tensor, running_index: torch.Tensor, rows: torch.Tensor,
+                key_depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.save_for_backward(projected, scale, signal_term, running, running_index)
+        ctx.key_depth = key_depth
+        keys_values = torch.addcmul(bias, projected, scale).addcmul_(scale, signal_term)
+        keys_values.view(-1, rows.shape[-1]).index_copy_(0, running_index, rows)
+        return keys_values[..., :key_depth], keys_values[..., key_depth:]
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        projected, scale, signal_term, running = ctx.saved_tensors
-        halted = (~running).unsqueeze(-1).to(grad.dtype)  # the running positions' formula values were overwritten
+    def backward(ctx: Any, grad_keys: torch.Tensor, grad_values: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        projected, scale, signal_term, running, running_index = ctx.saved_tensors
+        halted = (~running).unsqueeze(-1).to(grad_keys.dtype)  # the running positions' formula values were overwritten
         halted_scale = scale * halted
-        grad_scale = (torch.linalg.vecdot(grad, projected) + grad @ signal_term).unsqueeze(-1) * halted
-        # the signal term's and the bias's gradients in one product: a single pass over the gradient
-        grad_signal_term, grad_bias = torch.stack([halted_scale, halted]).flatten(1) @ grad.flatten(0, 1)
-        return grad * halted_scale, grad_scale, grad_signal_term, grad_bias, None, grad[running]
+        # the signal term's and the bias's gradients in one product: a single pass over each gradient
+        position_weights = torch.stack([halted_scale, halted]).flatten(1)
+        grad_projected = torch.empty_like(projected)
+        grad_scale, grad_terms, grad_rows = 0, [], []
+        for grad, part in ((grad_keys, slice(None, ctx.key_depth)), (grad_values, slice(ctx.key_depth, None))):
+            torch.mul(grad, halted_scale, out=grad_projected[..., part])
+            grad_scale = grad_scale + torch.linalg.vecdot(grad, projected[..., part]) + grad @ signal_term[part]
+            grad = grad.reshape(-1, grad.shape[-1])
+            grad_terms.append(position_weights @ grad)
+            grad_rows.append(grad.index_select(0, running_index))
+        grad_signal_term, grad_bias = torch.cat(grad_terms, -1)
+        return (grad_projected, grad_scale.unsqueeze(-1) * halted, grad_signal_term, grad_bias, None, None,
+                torch.cat(grad_rows, -1), None)
 
 
 class FrozenKeyValues:
@@ -361,9 +397,9 @@ class FrozenKeyValues:
     A halted position keeps its state h; its step input is x = u + s, with u = h + its position signal and s the
     step's signal. The pre-norm gives LN(x) = w * (x - mean(x)) * r + b with r the norm's inverse scale of var(x), so
     its key is K LN(x) = r * (A c + A c_s) + K b, with A = K diag(w), c = u - mean(u) and c_s = s - mean(s). When a
-    position halts, `A c` is projected once and var(u) and mean(c * c_s) for every step's signal are kept; a step
-    then takes var(x) = var(u) + 2 mean(c * c_s) + var(s), O(1) per position, and writes the key in O(depth). The
-    same holds for values. This is the same function as projecting LN(x), computed in another order (float32
+    position halts, `A c` is projected once and r is kept for every step to come, from var(x) = var(u) +
+    2 mean(c * c_s) + var(s) (O(1) per position and step); a step then writes the key in O(depth). The same holds
+    for values. This is the same function as projecting LN(x), computed in another order (float32
     results differ by rounding only)."""
 
     def __init__(self, attention: "UniversalTransformerAttention", norm: UniversalTransformerLayerNorm,
@@ -383,21 +419,21 @@ class FrozenKeyValues:
         self.folded, self.bias = self.weight * norm.weight, self.weight @ norm.bias
         self.signal_terms = centred @ self.folded.T
         self.projected = state.new_zeros(*state.shape[:2], self.weight.shape[0])
-        self.variance = state.new_zeros(state.shape[:2], dtype=statistics_dtype)
-        self.covariance = state.new_zeros(*state.shape[:2], len(signals), dtype=statistics_dtype)
+        self.scales = state.new_zeros(*state.shape[:2], len(signals))  # r of every position and step
 
     @property
     def usable(self) -> bool:
         return self.weight is not None
 
-    def freeze(self, halted: torch.Tensor, states: torch.Tensor) -> None:
-        """Keep what later steps need of the positions that have just halted (`halted` `[batch, length]`), from
-        their `states` u (`[halted.sum(), hidden]`, in mask order)."""
+    def freeze(self, halted_index: torch.Tensor, states: torch.Tensor) -> None:
+        """Keep what later steps need of the positions that have just halted (flat indices `halted_index` into `batch
+        * length`), from their `states` u (`[halted, hidden]`, in the same order)."""
         centred = states - states.mean(-1, keepdim=True)
         wide = centred.to(self.signals.dtype)
-        self.variance = put_rows(self.variance, halted, wide.square().mean(-1))
-        self.covariance = put_rows(self.covariance, halted, wide @ self.signals.T / centred.shape[-1])
-        self.projected = put_rows(self.projected, halted, centred @ self.folded.T)
+        covariance = wide @ self.signals.T / centred.shape[-1]
+        variance = (wide.square().mean(-1, keepdim=True) + 2 * covariance + self.signal_variance).clamp(min=0)
+        self.scales = put_rows(self.scales, halted_index, self.norm.inverse_scale(variance).to(self.scales.dtype))
+        self.projected = put_rows(self.projected, halted_index, centred @ self.folded.T)
         self.any_frozen = True
 
     def __call__(self, step: int) -> tuple[torch.Tensor, ...] | None:
@@ -405,9 +441,7 @@ class FrozenKeyValues:
         values side by side (None while there are none, as where adapters wrap the projections)."""
         if not self.any_frozen:
             return None
-        variance = (self.variance + 2 * self.covariance[..., step] + self.signal_variance[step]).clamp(min=0)
-        scale = self.norm.inverse_scale(variance).unsqueeze(-1).to(self.projected.dtype)
-        return self.projected, scale, self.signal_terms[step], self.bias
+        return self.projected, self.scales[..., step, None], self.signal_terms[step], self.bias
 
 
 @dataclass
@@ -415,8 +449,8 @@ class PackedStep:
     """What the shared layer needs to transform only the running positions of an ACT step ("frozen" semantics)."""
 
     running: torch.Tensor  # [batch, length] mask of the running positions
-    index: torch.Tensor  # `running_positions(running)`: their per-row layout for attention
-    valid: torch.Tensor
+    running_index: torch.Tensor  # their flat indices into batch * length, in mask order
+    layout: QueryLayout  # their queries' layout for attention
     # the halted positions' terms of their keys and values (`FrozenKeyValues`), and the stacked projection that
     # gives the running positions' (`KeysAndValuesWithHalted` joins them). None where adapters wrap the
     # projections: every step input is projected.
@@ -453,43 +487,46 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
         Dense: `states` `[batch, length, hidden]`, every position computed; with a `running` mask the others are
         read as their step input by a convolution and come back as `passthrough` (default: their step input): the
         definition of the "frozen" semantics, which an exported graph computes.
-        Packed (`packed`): `states` are the step inputs of the running positions only, `[running.sum(), hidden]` in
-        mask order, and so are the new states; only they are normalised, queried and transformed, while every
-        position is read as key and value."""
-        bias, valid = self_attention_bias, None
+        Packed (`packed`): `states` are the step inputs of the running positions only, `[running, hidden]` in mask
+        order, and so are the new states; only they are normalised, queried and transformed, while every position
+        is read as key and value."""
+        bias, layout = self_attention_bias, None
         if packed is not None:
-            valid = packed.valid
-            if bias is not None and bias.shape[2] > 1:  # per-query rows (causal): keep the running queries' rows
-                bias = bias.expand(packed.running.shape[0], -1, -1, -1)
-                bias = bias.gather(2, packed.index[:, None, :, None].expand(-1, 1, -1, bias.shape[-1]))
+            layout = packed.layout
+            if bias is not None and bias.shape[2] > 1:  # per-query rows (causal): the running queries' rows
+                batch, length = packed.running.shape
+                row = torch.div(packed.running_index, length, rounding_mode="floor")
+                bias = bias.expand(batch, -1, -1, -1)[row, 0, packed.running_index % length]
+                bias = layout.pad(bias).unsqueeze(1)
         queries = self.self_attn_layer_norm(states)
         if packed is None:
             key, value = self.self_attn.project_key_value(queries)
         elif packed.halted_key_value is None:
             key, value = self.self_attn.project_key_value(self.self_attn_layer_norm(packed.step_inputs))
         else:
-            key_value = KeysAndValuesWithHalted.apply(*packed.halted_key_value, packed.running,
-                                                      F.linear(queries, packed.key_value_weight))
-            key, value = self.self_attn.split_heads(*key_value.split(
-                [self.self_attn.k_proj.out_features, self.self_attn.v_proj.out_features], -1))
-        attention_output, self_weights = self.self_attn(queries, key, value, bias, valid)
+            key, value = self.self_attn.split_heads(*KeysAndValuesWithHalted.apply(
+                *packed.halted_key_value, packed.running, packed.running_index,
+                F.linear(queries, packed.key_value_weight), self.self_attn.k_proj.out_features))
+        attention_output, self_weights = self.self_attn(queries, key, value, bias, layout)
         hidden = states + self.dropout(attention_output)
         cross_weights = None
         if cross_key_value is not None:
             attention_output, cross_weights = self.cross_attn(self.cross_attn_layer_norm(hidden), *cross_key_value,
-                                                              cross_attention_bias, valid)
+                                                              cross_attention_bias, layout)
             hidden = hidden + self.dropout(attention_output)
         if packed is not None:
             self_weights, cross_weights = (
-                None if weights is None else scatter_query_rows(weights, packed.index, valid, packed.running.shape[1])
+                None if weights is None
+                else scatter_query_rows(weights, layout, packed.running_index, packed.running.shape[1])
                 for weights in (self_weights, cross_weights))
             if self.transition.position_wise:
                 return hidden + self.dropout(self.transition(self.transition_layer_norm(hidden))), self_weights, \
                     cross_weights
             # a convolution reads neighbours: positions not transformed are read as their step input
-            hidden = packed.step_inputs.index_put((packed.running,), hidden)
-            hidden = hidden + self.dropout(self.transition(self.transition_layer_norm(hidden), nonpadding))
-            return hidden[packed.running], self_weights, cross_weights
+            every = packed.step_inputs.flatten(0, 1).index_copy(0, packed.running_index, hidden)
+            every = every.view_as(packed.step_inputs)
+            every = every + self.dropout(self.transition(self.transition_layer_norm(every), nonpadding))
+            return every.flatten(0, 1).index_select(0, packed.running_index), self_weights, cross_weights
         if running is not None:
             hidden = torch.where(running.unsqueeze(-1), hidden, states)
         hidden = hidden + self.dropout(self.transition(self.transition_layer_norm(hidden), nonpadding))
@@ -521,21 +558,24 @@ class AdaptiveComputationTime:
         """Whether the loop goes on: some position is below the threshold and below the step limit."""
         return bool(((self.halting_probability < self.threshold) & (self.n_updates < self.max_steps)).any())
 
-    def update(self, p: torch.Tensor, running: torch.Tensor | None = None) -> torch.Tensor:
-        """Account for one step with halting probabilities `p` `[batch, length]`, or of the `running` positions only
-        (`[running.sum()]` in mask order); returns every position's weight `[batch, length]` of the step's new state
-        in the output."""
+    def update(self, p: torch.Tensor, running_index: torch.Tensor | None = None) -> torch.Tensor:
+        """Account for one step with halting probabilities `p` `[batch, length]`, or of the running positions only
+        (`[running]`, at flat indices `running_index` into `batch * length`); returns every position's weight
+        `[batch, length]` of the step's new state in the output."""
         probability = self.halting_probability
-        if running is not None:
-            p = probability.new_zeros(probability.shape).index_put((running,), p)
-        still_running = self.running.to(p.dtype)
-        new_halted = (probability + p * still_running > self.threshold).to(p.dtype) * still_running
-        still_running = (probability + p * still_running <= self.threshold).to(p.dtype) * still_running
-        probability = probability + p * still_running
+        if running_index is not None:
+            p = probability.new_zeros(probability.numel()).index_copy(0, running_index, p).view_as(probability)
+        running = self.running
+        accumulated = probability + p * running
+        new_halted = (accumulated > self.threshold) & running
+        still_running = (accumulated <= self.threshold) & running
+        update = p * still_running
+        probability = probability + update
         self.remainders = self.remainders + new_halted * (1 - probability)
-        self.halting_probability = probability + new_halted * self.remainders
+        remainder = new_halted * self.remainders
+        self.halting_probability = probability + remainder
         self.n_updates = self.n_updates + still_running + new_halted
-        return p * still_running + new_halted * self.remainders
+        return update + remainder
 
 
 class UniversalTransformerStack(nn.Module):
@@ -674,52 +714,61 @@ class UniversalTransformerStack(nn.Module):
 
     def _packed_act_steps(self, act, state, position, steps, transform, record, record_states):
         """The ACT loop with "frozen" semantics, each step computed for the running positions only (packed across
-        the batch, `[running, hidden]`): their halting unit, layer and share of the output; halted positions are
-        only read, as keys and values (`FrozenKeyValues`). Returns the mixed state."""
+        the batch, `[running, hidden]`, kept with their flat indices into `batch * length`): their halting unit,
+        layer and share of the output; halted positions are only read, as keys and values (`FrozenKeyValues`).
+        Returns the mixed state."""
         layer = self.layer
+        batch, length, hidden = state.shape
         running = act.running
         frozen = FrozenKeyValues(layer.self_attn, layer.self_attn_layer_norm, steps[:act.max_steps], state)
         # every position's step input is built only where something reads it: a convolution's neighbours, adapters
         # on the key/value projections, the recorded hidden states
         keep_every_state = record_states or not layer.transition.position_wise or not frozen.usable
-        every_running = bool(running.all())
+        running_index = running.flatten().nonzero().squeeze(1)
+        every_running = len(running_index) == batch * length
         if frozen.usable and not every_running:
-            frozen.freeze(~running, (state + position)[~running])
-        states, positions = state[running], position.expand_as(state)[running]
+            halted_index = (~running).flatten().nonzero().squeeze(1)
+            frozen.freeze(halted_index, (state + position).flatten(0, 1).index_select(0, halted_index))
+        states = state.flatten(0, 1).index_select(0, running_index)
+        positions = position.index_select(0, running_index % length)
         # the running positions' share of the output, packed like their states; a position's is final when it
         # halts (its weight is 0 from then on) and moves to `mixed` (only ever written: in place, also for autograd)
-        mixed = torch.zeros_like(state)
+        mixed = state.new_zeros(batch * length, hidden)
         mixing = torch.zeros_like(states)
+        layout = None  # of the running queries, while they are the same
         step, going_on = 0, act.continues()
         while going_on:
             step_inputs = states + positions + steps[step]
-            weights = act.update(self._halting_probabilities(step_inputs), running)
+            weights = act.update(self._halting_probabilities(step_inputs), running_index)
             if every_running:  # in mask order, the packed states are the whole tensor: the dense layer, no layout
                 states = transform(step_inputs.view_as(state)).flatten(0, 1)
             else:
-                index, valid = running_positions(running)
-                packed = PackedStep(running, index, valid, frozen(step), frozen.weight,
+                if layout is None:
+                    layout = QueryLayout.of(running, running_index)
+                packed = PackedStep(running, running_index, layout, frozen(step), frozen.weight,
                                     state + position + steps[step] if keep_every_state else None)
                 states = transform(step_inputs, packed=packed)
-            mixing = torch.lerp(mixing, states, weights[running].unsqueeze(-1).to(states.dtype))
+            weights = weights.flatten().index_select(0, running_index).unsqueeze(-1).to(states.dtype)
+            mixing = torch.lerp(mixing, states, weights)
             if keep_every_state:
-                state = state.index_put((running,), states)
+                state = state.flatten(0, 1).index_copy(0, running_index, states).view_as(state)
                 record(state)
             step += 1
             going_on = step < act.max_steps and act.continues()
-            still_running = act.running
-            kept = still_running[running]
-            if not bool(kept.all()):
-                halted = running & ~still_running
-                mixed.index_put_((halted,), mixing[~kept])
+            running = act.running
+            still_running = running.flatten().index_select(0, running_index)
+            if not bool(still_running.all()):
+                halted, kept = (~still_running).nonzero().squeeze(1), still_running.nonzero().squeeze(1)
+                halted_index = running_index.index_select(0, halted)
+                mixed.index_copy_(0, halted_index, mixing.index_select(0, halted))
                 if frozen.usable and going_on:  # read by the steps to come only
-                    frozen.freeze(halted, states[~kept] + positions[~kept])
-                states, positions, mixing = states[kept], positions[kept], mixing[kept]
-                every_running = False
-            running = still_running
+                    frozen.freeze(halted_index, states.index_select(0, halted) + positions.index_select(0, halted))
+                states, positions, mixing, running_index = (
+                    packed_rows.index_select(0, kept) for packed_rows in (states, positions, mixing, running_index))
+                every_running, layout = False, None
         if len(mixing):  # positions that never halted
-            mixed.index_put_((running,), mixing)
-        return mixed
+            mixed.index_copy_(0, running_index, mixing)
+        return mixed.view_as(state)
 
 
 class UniversalTransformerPreTrainedModel(PreTrainedModel):
