@@ -340,13 +340,14 @@ TRANSITION_CLASSES = {
 }
 
 
-def put_rows(base: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """`base` (`[batch, length, ...]`) with `rows` written at the positions of flat indices `index` (into `batch *
-    length`): in place unless autograd is recording, where an earlier step may have saved `base` for the backward
-    pass."""
+def fill_rows(base: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """`base` (`[batch, length, ...]`, zero at the positions of flat indices `index` into `batch * length`) with
+    `rows` there: in place unless autograd is recording, where an earlier step may have saved `base` for the backward
+    pass. The rows are added onto the zeros: the backward pass of an addition hands the gradient on to `base` as it
+    is, where that of a copy would clear the rows in a copy of it."""
     flat = base.flatten(0, 1)
     if torch.is_grad_enabled() and (base.requires_grad or rows.requires_grad):
-        return flat.index_copy(0, index, rows).view_as(base)
+        return flat.index_add(0, index, rows).view_as(base)
     flat.index_copy_(0, index, rows)
     return base
 
@@ -427,13 +428,14 @@ class FrozenKeyValues:
 
     def freeze(self, halted_index: torch.Tensor, states: torch.Tensor) -> None:
         """Keep what later steps need of the positions that have just halted (flat indices `halted_index` into `batch
-        * length`), from their `states` u (`[halted, hidden]`, in the same order)."""
+        * length`), from their `states` u (`[halted, hidden]`, in the same order). A position halts once: its rows
+        are still zero."""
         centred = states - states.mean(-1, keepdim=True)
         wide = centred.to(self.signals.dtype)
         covariance = wide @ self.signals.T / centred.shape[-1]
         variance = (wide.square().mean(-1, keepdim=True) + 2 * covariance + self.signal_variance).clamp(min=0)
-        self.scales = put_rows(self.scales, halted_index, self.norm.inverse_scale(variance).to(self.scales.dtype))
-        self.projected = put_rows(self.projected, halted_index, centred @ self.folded.T)
+        self.scales = fill_rows(self.scales, halted_index, self.norm.inverse_scale(variance).to(self.scales.dtype))
+        self.projected = fill_rows(self.projected, halted_index, centred @ self.folded.T)
         self.any_frozen = True
 
     def __call__(self, step: int) -> tuple[torch.Tensor, ...] | None:
