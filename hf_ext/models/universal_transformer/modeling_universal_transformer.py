@@ -525,10 +525,11 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
                 return hidden + self.dropout(self.transition(self.transition_layer_norm(hidden))), self_weights, \
                     cross_weights
             # a convolution reads neighbours: positions not transformed are read as their step input
-            every = packed.step_inputs.flatten(0, 1).index_copy(0, packed.running_index, hidden)
-            every = every.view_as(packed.step_inputs)
-            every = every + self.dropout(self.transition(self.transition_layer_norm(every), nonpadding))
-            return every.flatten(0, 1).index_select(0, packed.running_index), self_weights, cross_weights
+            every_position = packed.step_inputs.flatten(0, 1).index_copy(0, packed.running_index, hidden)
+            every_position = every_position.view_as(packed.step_inputs)
+            transformed = self.transition(self.transition_layer_norm(every_position), nonpadding)
+            every_position = every_position + self.dropout(transformed)
+            return every_position.flatten(0, 1).index_select(0, packed.running_index), self_weights, cross_weights
         if running is not None:
             hidden = torch.where(running.unsqueeze(-1), hidden, states)
         hidden = hidden + self.dropout(self.transition(self.transition_layer_norm(hidden), nonpadding))
@@ -760,6 +761,7 @@ class UniversalTransformerStack(nn.Module):
             running = act.running
             still_running = running.flatten().index_select(0, running_index)
             if not bool(still_running.all()):
+                # the packed rows of the positions that have just halted and of those that go on
                 halted, kept = (~still_running).nonzero().squeeze(1), still_running.nonzero().squeeze(1)
                 halted_index = running_index.index_select(0, halted)
                 mixed.index_copy_(0, halted_index, mixing.index_select(0, halted))
