@@ -147,6 +147,7 @@ class QueryLayout:
     positions first, in order, then padding (width: the most running positions of a row)."""
 
     slots: torch.Tensor  # [running] the flat slot of each running position, in mask order
+    row: torch.Tensor  # [running] the batch row of each running position
     batch: int
     width: int
 
@@ -159,7 +160,7 @@ class QueryLayout:
         row = torch.div(running_index, running.shape[1], rounding_mode="floor")
         first = counts.cumsum(0) - counts  # each batch row's first running position, in mask order
         slots = torch.arange(len(running_index), device=running_index.device) - first[row] + row * width
-        return cls(slots, running.shape[0], width)
+        return cls(slots, row, running.shape[0], width)
 
     def pad(self, packed: torch.Tensor) -> torch.Tensor:
         """`[running, ...]` -> `[batch, width, ...]`, zero in the padding slots."""
@@ -497,8 +498,7 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
             layout = packed.layout
             if bias is not None and bias.shape[2] > 1:  # per-query rows (causal): the running queries' rows
                 batch, length = packed.running.shape
-                row = torch.div(packed.running_index, length, rounding_mode="floor")
-                bias = bias.expand(batch, -1, -1, -1)[row, 0, packed.running_index % length]
+                bias = bias.expand(batch, -1, -1, -1)[layout.row, 0, packed.running_index % length]
                 bias = layout.pad(bias).unsqueeze(1)
         queries = self.self_attn_layer_norm(states)
         if packed is None:
