@@ -136,8 +136,8 @@ def test_folded_keys_and_values_equal_the_projected_ones(layer_norm_type):
     signals = torch.randn(3, 32, generator=generator)
     halted = torch.rand(2, 5, generator=generator) < 0.6
     frozen = modeling.FrozenKeyValues(layer.self_attn, layer.self_attn_layer_norm, signals, states)
-    frozen.freeze(halted.flatten().nonzero().squeeze(1), states[halted])
-    running_index = (~halted).flatten().nonzero().squeeze(1)
+    frozen.freeze(modeling.flat_indices(halted), states[halted])
+    running_index = modeling.flat_indices(~halted)
     for step in range(len(signals)):
         normed = layer.self_attn_layer_norm(states + signals[step])
         rows = torch.cat([layer.self_attn.k_proj(normed), layer.self_attn.v_proj(normed)], -1)[~halted]
@@ -155,8 +155,8 @@ def test_gradients_of_keys_and_values_with_halted_positions():
     projected, scale, signal_term, bias, rows = (torch.randn(shape, generator=generator, dtype=torch.float64,
                                                              requires_grad=True) for shape in shapes)
     assert torch.autograd.gradcheck(
-        lambda *tensors: modeling.KeysAndValuesWithHalted.apply(*tensors[:4], running,
-                                                                running.flatten().nonzero().squeeze(1), tensors[4], 2),
+        lambda *tensors: modeling.KeysAndValuesWithHalted.apply(*tensors[:4], running, modeling.flat_indices(running),
+                                                                tensors[4], 2),
         (projected, scale, signal_term, bias, rows))
 
 

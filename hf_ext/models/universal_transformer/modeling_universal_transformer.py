@@ -141,6 +141,11 @@ def attention_bias(attention_mask: torch.Tensor | None, length: int, causal: boo
     return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
+def flat_indices(mask: torch.Tensor) -> torch.Tensor:
+    """The indices of `mask`'s True entries in the flattened mask, in order (the packed ACT loop's row order)."""
+    return mask.flatten().nonzero().squeeze(1)
+
+
 @dataclass
 class QueryLayout:
     """The running positions' queries laid out for attention, `[batch, width]` slots: each batch row's running
@@ -727,10 +732,10 @@ class UniversalTransformerStack(nn.Module):
         # every position's step input is built only where something reads it: a convolution's neighbours, adapters
         # on the key/value projections, the recorded hidden states
         keep_every_state = record_states or not layer.transition.position_wise or not frozen.usable
-        running_index = running.flatten().nonzero().squeeze(1)
+        running_index = flat_indices(running)
         every_running = len(running_index) == batch * length
         if frozen.usable and not every_running:
-            halted_index = (~running).flatten().nonzero().squeeze(1)
+            halted_index = flat_indices(~running)
             frozen.freeze(halted_index, (state + position).flatten(0, 1).index_select(0, halted_index))
         states = state.flatten(0, 1).index_select(0, running_index)
         positions = position.index_select(0, running_index % length)
@@ -762,7 +767,7 @@ class UniversalTransformerStack(nn.Module):
             still_running = running.flatten().index_select(0, running_index)
             if not bool(still_running.all()):
                 # the packed rows of the positions that have just halted and of those that go on
-                halted, kept = (~still_running).nonzero().squeeze(1), still_running.nonzero().squeeze(1)
+                halted, kept = flat_indices(~still_running), flat_indices(still_running)
                 halted_index = running_index.index_select(0, halted)
                 mixed.index_copy_(0, halted_index, mixing.index_select(0, halted))
                 if frozen.usable and going_on:  # read by the steps to come only
