@@ -17,14 +17,31 @@ TASKS = [
 ]
 
 
+MORE_LABELS = ("MT-DNN's label counts are its tasks' (config.tasks[i]['num_labels']), not config.num_labels: "
+               "test_the_number_of_labels_is_the_tasks shows it")
+
+
 class MTDNNTester(ModelConformance):
     no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    init_not_from_config = {r"\.rnn\.": "the SAN head's GRU cell starts with torch's own initialisation, "
+                                         "U(+-1/sqrt(hidden_size)), as in the original"}
+    not_applicable = {"test_classifier_with_more_labels_loads_only_when_mismatches_are_ignored": MORE_LABELS}
+
+    def classifier_config(self, problem_type):
+        """The task of the problem type: the SAN classification task, the regression task, or a classification task
+        with a linear head asked to be multi-label."""
+        if problem_type == "regression":
+            return self.config(default_task="sts")
+        if problem_type == "single_label_classification":
+            return self.config(default_task="nli")
+        topics = {"name": "topics", "type": "classification", "num_labels": 3}
+        return self.config(tasks=[*TASKS, topics], default_task="topics", problem_type=problem_type)
 
     def config(self, **overrides):
         encoder_overrides = {name: overrides.pop(name) for name in list(overrides) if name in self.no_dropout}
         encoder = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                              intermediate_size=24, max_position_embeddings=40, **encoder_overrides)
-        tasks = [{**task, "dropout": 0.0} if encoder_overrides else task for task in TASKS]
+        tasks = [{**task, "dropout": 0.0} if encoder_overrides else task for task in overrides.pop("tasks", TASKS)]
         return MTDNNConfig(encoder=encoder, tasks=tasks, **{"default_task": "nli", **overrides})
 
     def inputs(self, config, labels=False):
@@ -65,6 +82,26 @@ class TestMTDNNModel(MTDNNTester):
 
 class TestMTDNNForSequenceClassification(MTDNNTester):
     model_class = MTDNNForSequenceClassification
+
+    def test_the_number_of_labels_is_the_tasks(self, tmp_path):
+        """The reason for skipping the check of loading with more labels: num_labels does not size the heads."""
+        model = self.model()
+        model.save_pretrained(tmp_path)
+        reloaded = MTDNNForSequenceClassification.from_pretrained(tmp_path, num_labels=5)
+        assert reloaded.config.num_labels == reloaded.config.task("nli")["num_labels"] == 3
+        assert self.run(reloaded.eval(), self.inputs(reloaded.config)).logits.shape == (BATCH, 3)
+
+    def test_a_san_head_is_single_label(self):
+        config = self.config(default_task="nli", problem_type="multi_label_classification")
+        with pytest.raises(ValueError, match="SAN head.*multi_label_classification needs a linear head"):
+            MTDNNForSequenceClassification(config)
+
+    def test_the_problem_type_follows_the_task(self):
+        """Single-label and regression follow the chosen task (a folder saved for one task loads for another)."""
+        assert self.model(self.config(default_task="sts", problem_type="single_label_classification")
+                          ).config.problem_type == "regression"
+        assert self.model(self.config(default_task="nli", problem_type="regression")
+                          ).config.problem_type == "single_label_classification"
 
 
 # ----- regression of issue #17 -----

@@ -47,16 +47,21 @@ class UniversalTransformerTester(ModelConformance):
         return {"input_ids": input_ids.masked_fill(attention_mask == 0, config.pad_token_id),
                 "attention_mask": attention_mask}
 
-    @staticmethod
-    def steps(config, n_updates):
-        return int(n_updates.max()) if config.use_act else config.num_steps
+    # t2t's initialisation, which the converted checkpoints' training started from
+    init_not_from_config = {r"embed_tokens\.weight$": "t2t: token embeddings start N(0, 1/hidden_size), whatever "
+                                                       "initializer_gain",
+                            r"step_embeddings$": "t2t: learned step embeddings start N(0, 1/hidden_size), whatever "
+                                                 "initializer_gain"}
 
-    def encoder_shapes(self, config, outputs, kind, prefix=""):
-        n_updates = getattr(outputs, f"{prefix}n_updates")
+    def auxiliary_loss(self, outputs):
+        return self.config().act_loss_weight * outputs.ponder_cost
+
+    def encoder_shapes(self, config, kind, prefix=""):
+        # one item per step the loop can take (num_hidden_layers), however many the input needed
         if kind == "hidden_states":
-            count, shape = self.steps(config, n_updates) + 1, (BATCH, LENGTH, config.hidden_size)
+            count, shape = config.num_hidden_layers + 1, (BATCH, LENGTH, config.hidden_size)
         else:
-            count, shape = self.steps(config, n_updates), (BATCH, config.num_attention_heads, LENGTH, LENGTH)
+            count, shape = config.num_hidden_layers, (BATCH, config.num_attention_heads, LENGTH, LENGTH)
         return {f"{prefix}{kind}": [shape] * count}
 
 
@@ -68,7 +73,7 @@ class TestUniversalTransformerModel(UniversalTransformerTester):
         return self.source(config)
 
     def output_shapes(self, config, inputs, outputs, kind):
-        return self.encoder_shapes(config, outputs, kind)
+        return self.encoder_shapes(config, kind)
 
     def training_objective(self, outputs):
         # the encoder has no loss: its ponder cost (reaching the halting unit) and a function of its output
@@ -99,7 +104,7 @@ class TestUniversalTransformerForSequenceClassification(UniversalTransformerTest
         return inputs
 
     def output_shapes(self, config, inputs, outputs, kind):
-        return self.encoder_shapes(config, outputs, kind)
+        return self.encoder_shapes(config, kind)
 
     def test_get_output_embeddings_is_none(self):
         assert self.model().get_output_embeddings() is None
@@ -107,15 +112,6 @@ class TestUniversalTransformerForSequenceClassification(UniversalTransformerTest
 
 class TestUniversalTransformerForSeq2SeqLM(UniversalTransformerTester, GenerationConformance):
     model_class = UniversalTransformerForSeq2SeqLM
-    not_applicable = {
-        "test_cache_gives_the_outputs_of_recomputation": "the model has no decoding cache (as tensor2tensor): "
-                                                         "generate() always recomputes the whole prefix",
-        "test_assisted_decoding_gives_greedy_output": "assisted decoding needs a decoding cache, which the model "
-                                                      "does not have (generate() refuses: 'Assisted decoding "
-                                                      "requires a cache')",
-        "test_prompt_lookup_decoding_gives_greedy_output": "prompt lookup decoding is assisted decoding, which needs a "
-                                                           "decoding cache the model does not have",
-    }
 
     def inputs(self, config, labels=False):
         inputs = self.source(config)
@@ -128,8 +124,8 @@ class TestUniversalTransformerForSeq2SeqLM(UniversalTransformerTester, Generatio
         return inputs
 
     def output_shapes(self, config, inputs, outputs, kind):
-        shapes = self.encoder_shapes(config, outputs, kind, prefix="encoder_")
-        steps = self.steps(config, outputs.decoder_n_updates)
+        shapes = self.encoder_shapes(config, kind, prefix="encoder_")
+        steps = config.num_hidden_layers
         if kind == "hidden_states":
             shapes["decoder_hidden_states"] = [(BATCH, TARGET_LENGTH, config.hidden_size)] * (steps + 1)
         else:
@@ -158,7 +154,36 @@ def test_output_switches_are_read_from_the_config():
     model = UniversalTransformerModel(config).eval()
     with torch.no_grad():
         outputs = model(input_ids=torch.tensor([[3, 4, 5]]))
-    assert outputs.hidden_states is not None and len(outputs.hidden_states) == int(outputs.n_updates.max()) + 1
+    assert outputs.hidden_states is not None and len(outputs.hidden_states) == config.num_hidden_layers + 1
+
+
+@pytest.mark.parametrize("halted_state", ["frozen", "transformed"])
+def test_act_returns_num_hidden_layers_steps_however_early_the_loop_stops(halted_state):
+    """#24.3: with ACT `num_hidden_layers` is `act_max_steps`, and the outputs hold one hidden state more and as many
+    attention maps, also when every position halts early: the steps not taken repeat the last state (each halted
+    position's own) and attend nowhere."""
+    tester = TestUniversalTransformerForSeq2SeqLM()
+    config = tester.config(act_halted_state=halted_state)
+    assert config.num_hidden_layers == config.act_max_steps == 5
+    model = tester.model(config, attn_implementation="eager")
+    with torch.no_grad():
+        model.encoder.halting.bias.fill_(30.0)  # every encoder position halts at its first step
+        outputs = model(**tester.inputs(model.config), output_hidden_states=True, output_attentions=True)
+    assert int(outputs.encoder_n_updates.max()) == 1
+    states, attentions = outputs.encoder_hidden_states, outputs.encoder_attentions
+    assert len(states) == 6 and len(attentions) == 5
+    for step in range(2, 6):
+        torch.testing.assert_close(states[step], states[1], atol=0, rtol=0)
+        assert bool((attentions[step - 1] == 0).all())
+    first = attentions[0].sum(-1)  # (batch, heads, length): 1 in the rows of the positions that took the step
+    took_it = (outputs.encoder_n_updates > 0)[:, None].expand_as(first)
+    torch.testing.assert_close(first[took_it], torch.ones_like(first[took_it]))
+    assert len(outputs.decoder_hidden_states) == 6 and len(outputs.cross_attentions) == 5
+    # a row alone has as many as the batch, whatever the other rows need
+    with torch.no_grad():
+        alone = model(**{name: value[:1] for name, value in tester.inputs(model.config).items()},
+                      output_hidden_states=True)
+    assert len(alone.encoder_hidden_states) == len(alone.decoder_hidden_states) == 6
 
 
 def test_attention_weights_are_returned_and_frozen_rows_are_zero():

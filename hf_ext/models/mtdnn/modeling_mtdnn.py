@@ -334,8 +334,11 @@ class MTDNNForSequenceClassification(MTDNNModel):
 
     The task is `config.default_task` (the first task when unset), chosen at load time with
     `from_pretrained(path, default_task="mnli")`. Every head stays in the model, so a fine-tuned copy still loads as
-    the multi-task `MTDNNModel`. `config.id2label` and `config.problem_type` follow the chosen task (ranking rows get
-    raw scores, like regression).
+    the multi-task `MTDNNModel`. `config.id2label` and `config.problem_type` follow the chosen task: a classification
+    task is single-label, or multi-label where `config.problem_type` asks for it (linear heads only: a SAN head
+    outputs one softmax over the labels); regression and ranking tasks are regression (ranking rows get raw scores).
+    The loss is transformers' for the problem type, as the original's for single-label and regression; ranking
+    keeps the original's cross-entropy over each group of candidates.
     """
 
     def __init__(self, config: MTDNNConfig):
@@ -347,7 +350,13 @@ class MTDNNForSequenceClassification(MTDNNModel):
             [f"LABEL_{i}" for i in range(spec["num_labels"])]
         config.id2label = dict(enumerate(labels))
         config.label2id = {label: i for i, label in enumerate(labels)}
-        config.problem_type = "single_label_classification" if spec["type"] == "classification" else "regression"
+        if spec["type"] != "classification":
+            config.problem_type = "regression"
+        elif config.problem_type != "multi_label_classification":
+            config.problem_type = "single_label_classification"
+        elif spec["head"] == "san":
+            raise ValueError(f"task {spec['name']} has a SAN head, whose output is one softmax over the labels: "
+                             "multi_label_classification needs a linear head")
 
     @can_return_tuple
     def forward(
@@ -362,11 +371,15 @@ class MTDNNForSequenceClassification(MTDNNModel):
         hypothesis_mask: torch.BoolTensor | None = None,
         **kwargs: Any,
     ) -> SequenceClassifierOutput:
+        ranking = self.config.task(self.task)["type"] == "ranking"
         outputs = super().forward(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
                                   task=self.task, premise_mask=premise_mask, hypothesis_mask=hypothesis_mask,
-                                  labels=labels, position_ids=position_ids, inputs_embeds=inputs_embeds,
-                                  return_dict=True, **kwargs)
-        return SequenceClassifierOutput(loss=outputs.loss, logits=outputs.logits, hidden_states=outputs.hidden_states,
+                                  labels=labels if ranking else None, position_ids=position_ids,
+                                  inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
+        loss = outputs.loss
+        if labels is not None and not ranking:
+            loss = self.loss_function(labels=labels, pooled_logits=outputs.logits, config=self.config)
+        return SequenceClassifierOutput(loss=loss, logits=outputs.logits, hidden_states=outputs.hidden_states,
                                         attentions=outputs.attentions)
 
 

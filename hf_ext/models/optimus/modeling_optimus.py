@@ -368,6 +368,8 @@ class OptimusForSequenceClassification(OptimusPreTrainedModel):
 
     The feature is the encoder's pooled output by default (`config.classifier_feature`), or the posterior mean.
     With `config.freeze_encoder` only the classifier learns. The weights load from an `OptimusModel` checkpoint.
+    The loss is transformers' for `config.problem_type` (single-label, multi-label or regression; inferred from
+    `num_labels` and the labels when unset).
     """
 
     def __init__(self, config: OptimusConfig):
@@ -420,10 +422,9 @@ class OptimusForSequenceClassification(OptimusPreTrainedModel):
 
         loss = None
         if labels is not None:
-            if self.num_labels == 1:
-                loss = F.mse_loss(logits.view(-1), labels.view(-1).to(logits.dtype))
-            else:
-                loss = F.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))
+            # transformers' own choice of loss by `config.problem_type` (inferred from num_labels and the labels'
+            # dtype when unset): cross-entropy, binary cross-entropy per label, or mean squared error
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
         return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=encoder_outputs.hidden_states,
                                         attentions=encoder_outputs.attentions)
 

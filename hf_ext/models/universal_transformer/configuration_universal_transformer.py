@@ -27,7 +27,9 @@ class UniversalTransformerConfig(PretrainedConfig):
         project_embeddings (`bool`, defaults to `False`): a bias-free linear map from the embeddings to the state
             (after input dropout), as the PyTorch re-implementation has.
         scale_embeddings (`bool`, defaults to `True`): multiply looked-up embeddings by sqrt(embedding_size)
-            (tensor2tensor's `multiply_embedding_mode="sqrt_depth"`); `inputs_embeds` are used as given.
+            (tensor2tensor's `multiply_embedding_mode="sqrt_depth"`). The input embedding module scales (and zeroes
+            the padding id), so `get_input_embeddings()(input_ids)` is what the model reads; `inputs_embeds` are
+            used as given.
         num_attention_heads (`int`, defaults to 16).
         attention_key_depth (`int`, *optional*): total query/key width over all heads; `hidden_size` when unset.
         attention_value_depth (`int`, *optional*): total value width over all heads; `hidden_size` when unset.
@@ -39,7 +41,9 @@ class UniversalTransformerConfig(PretrainedConfig):
             positions are zeroed before each convolution.
         num_steps (`int`, defaults to 6): recurrent steps without ACT (t2t's `num_rec_steps`).
         use_act (`bool`, defaults to `True`): Adaptive Computation Time on (encoder and decoder each halt per position).
-        act_max_steps (`int`, defaults to 12): the most steps ACT takes (t2t: 2 x num_hidden_layers).
+        act_max_steps (`int`, defaults to 12): the most steps ACT takes (t2t: twice its `num_hidden_layers`, which
+            is `num_steps` here). `num_hidden_layers` is the most steps the loop can take: this with ACT, `num_steps`
+            without.
         act_threshold (`float`, defaults to 0.99): a position halts once its summed halting probability would exceed
             this value (t2t's `1 - act_epsilon`).
         act_loss_weight (`float`, defaults to 0.01): weight of the ponder cost mean(N + R) added to the training loss.
@@ -73,7 +77,7 @@ class UniversalTransformerConfig(PretrainedConfig):
     """
 
     model_type = "universal-transformer"
-    attribute_map = {"num_hidden_layers": "num_steps", "filter_size": "intermediate_size", "d_model": "hidden_size"}
+    attribute_map = {"filter_size": "intermediate_size", "d_model": "hidden_size"}
     # Trainer's predictions are the logits; the ACT statistics stay available from the model's outputs
     keys_to_ignore_at_inference = [
         "ponder_cost", "n_updates", "remainders", "hidden_states", "attentions", "cross_attentions",
@@ -159,9 +163,21 @@ class UniversalTransformerConfig(PretrainedConfig):
         self.validate_universal_transformer()
 
     @property
-    def num_step_signals(self) -> int:
-        """How many steps the loop can take, so how many step embeddings there are."""
+    def num_hidden_layers(self) -> int:
+        """How many steps the loop can take: `act_max_steps` with ACT, `num_steps` without. As for transformers'
+        layered models, `hidden_states` has `num_hidden_layers + 1` entries and `attentions` `num_hidden_layers`,
+        whatever the input (with ACT, steps after a position halts repeat its state; see the model's outputs).
+        Setting it sets `act_max_steps` with ACT, `num_steps` without."""
         return self.act_max_steps if self.use_act else self.num_steps
+
+    @num_hidden_layers.setter
+    def num_hidden_layers(self, value: int) -> None:
+        setattr(self, "act_max_steps" if self.use_act else "num_steps", value)
+
+    @property
+    def num_step_signals(self) -> int:
+        """How many step embeddings there are: one for every step the loop can take (`num_hidden_layers`)."""
+        return self.num_hidden_layers
 
     def validate_universal_transformer(self) -> None:
         """Raise `ValueError` with one clear line for a configuration the model cannot run."""

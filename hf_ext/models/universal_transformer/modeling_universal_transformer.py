@@ -212,6 +212,23 @@ class UniversalTransformerLayerNorm(nn.Module):
         return torch.rsqrt(variance + self.eps)
 
 
+class UniversalTransformerEmbedding(nn.Embedding):
+    """Token embeddings as t2t's symbol bottom reads them: times sqrt(embedding_size) with `scale_embeddings`, zero
+    for the padding id. Scaling here rather than in the stack makes `get_input_embeddings()(input_ids)` what the model
+    reads, so `inputs_embeds` built that way give the outputs of `input_ids` (transformers' convention)."""
+
+    def __init__(self, config: UniversalTransformerConfig):
+        super().__init__(config.vocab_size, config.embedding_size)
+        self.scale = math.sqrt(config.embedding_size) if config.scale_embeddings else 1.0
+        self.pad_token_id = config.pad_token_id
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        embeds = super().forward(input_ids) * self.scale
+        if self.pad_token_id is not None:
+            embeds = embeds * (input_ids != self.pad_token_id).unsqueeze(-1).to(embeds.dtype)
+        return embeds
+
+
 def layer_norm(config: UniversalTransformerConfig) -> UniversalTransformerLayerNorm:
     return UniversalTransformerLayerNorm(config.hidden_size, config.layer_norm_eps,
                                          config.layer_norm_type == "unbiased_std")
@@ -586,6 +603,23 @@ class AdaptiveComputationTime:
         return update + remainder
 
 
+def fill_steps_not_taken(recorded: dict[str, tuple | None], max_steps: int,
+                         no_attention: dict[str, torch.Tensor]) -> None:
+    """Complete the recorded outputs of an ACT loop that stopped before `max_steps` (every position had halted) to
+    transformers' convention of `num_hidden_layers` (`max_steps`) steps: `hidden_states` gets `max_steps + 1` entries,
+    the steps not taken repeating the last state (as every halted position's state repeats), and each attention
+    tuple `max_steps` entries, `no_attention[name]` (zero weights: no position attended) for the steps not taken
+    (None where the attention function returns no weights)."""
+    states = recorded["hidden_states"]
+    if states is not None:
+        recorded["hidden_states"] = states + (states[-1],) * (max_steps + 1 - len(states))
+    for name, zeros in no_attention.items():
+        weights = recorded[name]
+        if weights is not None and len(weights) < max_steps:
+            filler = None if weights and weights[-1] is None else zeros
+            recorded[name] = weights + (filler,) * (max_steps - len(weights))
+
+
 class UniversalTransformerStack(nn.Module):
     """One side (encoder or decoder): embedding lookup, input dropout, the optional embedding projection, the shared
     layer applied over depth (fixed steps or ACT) and the final layer norm."""
@@ -597,7 +631,6 @@ class UniversalTransformerStack(nn.Module):
         self.config = config
         self.is_decoder = is_decoder
         self.embed_tokens = embed_tokens
-        self.embed_scale = math.sqrt(config.embedding_size) if config.scale_embeddings else 1.0
         self.dropout = nn.Dropout(config.input_dropout)
         self.embedding_proj = (nn.Linear(config.embedding_size, config.hidden_size, bias=False)
                                if config.project_embeddings else None)
@@ -606,13 +639,6 @@ class UniversalTransformerStack(nn.Module):
         self.step_embeddings = (nn.Parameter(torch.empty(config.num_step_signals, config.hidden_size))
                                 if config.step_signal == "learned" else None)
         self.final_layer_norm = layer_norm(config) if config.final_layer_norm else None
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Scaled token embeddings; padding tokens embed to zero (t2t's symbol bottom)."""
-        embeds = self.embed_tokens(input_ids) * self.embed_scale
-        if self.config.pad_token_id is not None:
-            embeds = embeds * (input_ids != self.config.pad_token_id).unsqueeze(-1).to(embeds.dtype)
-        return embeds
 
     def step_signals(self, device: torch.device | str | None, dtype: torch.dtype) -> torch.Tensor:
         """`[num_step_signals, hidden]`: the signal added before each step."""
@@ -641,7 +667,7 @@ class UniversalTransformerStack(nn.Module):
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
         if inputs_embeds is None:
-            inputs_embeds = self.embed(input_ids)
+            inputs_embeds = self.embed_tokens(input_ids)
         state = self.dropout(inputs_embeds)
         if self.embedding_proj is not None:
             state = self.embedding_proj(state)
@@ -690,6 +716,12 @@ class UniversalTransformerStack(nn.Module):
             n_updates, remainders = act.n_updates, act.remainders
             counted = nonpadding.to(n_updates.dtype) if nonpadding is not None else torch.ones_like(n_updates)
             ponder_cost = ((n_updates + remainders) * counted).sum() / counted.sum().clamp(min=1.0)
+            heads, keys = config.num_attention_heads, {"attentions": length}
+            if self.is_decoder:
+                keys["cross_attentions"] = encoder_hidden_states.shape[1]
+            fill_steps_not_taken(recorded, act.max_steps,
+                                 {name: state.new_zeros(state.shape[0], heads, length, width)
+                                  for name, width in keys.items()})
         else:
             for step in range(config.num_steps):
                 state = transform(state + position + steps[step])
@@ -813,12 +845,12 @@ class UniversalTransformerPreTrainedModel(PreTrainedModel):
 
 
 class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
-    """The Universal Transformer encoder. Takes `input_ids` or `inputs_embeds` (used as given: not scaled) and an
-    optional `attention_mask` (1 = token, 0 = padding)."""
+    """The Universal Transformer encoder. Takes `input_ids` or `inputs_embeds` (used as given; those of ids are
+    `get_input_embeddings()(input_ids)`, scaled) and an optional `attention_mask` (1 = token, 0 = padding)."""
 
     def __init__(self, config: UniversalTransformerConfig):
         super().__init__(config)
-        self.encoder = UniversalTransformerStack(config, False, nn.Embedding(config.vocab_size, config.embedding_size))
+        self.encoder = UniversalTransformerStack(config, False, UniversalTransformerEmbedding(config))
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -849,7 +881,9 @@ def act_loss(config: UniversalTransformerConfig, *ponder_costs: torch.Tensor | N
 
 class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrainedModel):
     """Encoder, pooling (`config.classifier_pooling`: mean over tokens or first position), dropout, linear classifier.
-    The loss is cross-entropy (mean squared error when `num_labels == 1`) plus `act_loss_weight` x ponder cost."""
+    The loss is transformers' for `config.problem_type` (single-label: cross-entropy, multi-label: binary
+    cross-entropy, regression: mean squared error; inferred from `num_labels` and the labels when unset) plus
+    `act_loss_weight` x ponder cost."""
 
     def __init__(self, config: UniversalTransformerConfig):
         super().__init__(config)
@@ -891,11 +925,10 @@ class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrain
         logits = self.classifier(self.dropout(pooled))
         loss = None
         if labels is not None:
-            dtype = at_least_float32(logits.dtype)
-            if self.num_labels == 1:
-                loss = F.mse_loss(logits.view(-1).to(dtype), labels.view(-1).to(dtype))
-            else:
-                loss = F.cross_entropy(logits.view(-1, self.num_labels).to(dtype), labels.view(-1))
+            # transformers' own choice of loss by `config.problem_type` (inferred from num_labels and the labels'
+            # dtype when unset): cross-entropy, binary cross-entropy per label, or mean squared error
+            loss = self.loss_function(labels=labels, pooled_logits=logits.to(at_least_float32(logits.dtype)),
+                                      config=self.config)
             loss = loss + act_loss(self.config, outputs.ponder_cost)
         return UniversalTransformerSequenceClassifierOutput(
             loss=loss, logits=logits, ponder_cost=outputs.ponder_cost, n_updates=outputs.n_updates,
@@ -919,8 +952,8 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
         super().__init__(config)
         if config.embedding_size != config.hidden_size:
             raise ValueError("the shared output softmax needs embedding_size == hidden_size")
-        self.encoder = UniversalTransformerStack(config, False, nn.Embedding(config.vocab_size, config.embedding_size))
-        self.decoder = UniversalTransformerStack(config, True, nn.Embedding(config.vocab_size, config.embedding_size))
+        self.encoder = UniversalTransformerStack(config, False, UniversalTransformerEmbedding(config))
+        self.decoder = UniversalTransformerStack(config, True, UniversalTransformerEmbedding(config))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
