@@ -1,9 +1,10 @@
 """Atomic output folders: work happens in a hidden staging folder beside OUT that is renamed into place only on
 success, never over a folder this run was not asked to replace, with the permissions the umask gives new files.
 
-A staging folder is named `.OUT.partial-<host>-<pid>-<random>`; one of this host whose process is gone (killed with
-SIGKILL) is removed by the next run that writes beside it. The host is part of the name because a shared file system
-is seen by processes of other machines, whose process ids mean nothing here.
+A staging folder is named `.OUT.partial-<host>-<pid>-<random>`. One that a process of this host left and that no
+longer runs (killed with SIGKILL) is removed by any later run that writes an output into the same folder, whatever
+that output's name. The host is part of the name because a shared file system is seen by processes of other
+machines, whose process ids mean nothing here.
 """
 
 import contextlib
@@ -25,6 +26,9 @@ from .errors import HfExtError
 logger = logging.get_logger(__name__)
 
 STAGING_KINDS = ("partial", "old")  # work in progress, and a replaced folder on its way out
+# `.<OUT>.<kind>-<host>-<pid>-<random>`: mkdtemp's random part has no "-", so the host (which may) is everything
+# between the kind and the last two
+STAGING_NAME = re.compile(rf"\.(?P<name>.+)\.(?P<kind>{'|'.join(STAGING_KINDS)})-(?P<host>.+)-(?P<pid>\d+)-[^-]+")
 RENAME_NOREPLACE = 1  # linux/fs.h
 
 
@@ -59,25 +63,25 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_staging(out: Path) -> None:
-    """Remove the staging folders of OUT that a process of this host left and that no longer runs (SIGKILL cannot
-    be caught, so the next run cleans up after it)."""
-    parent = out.absolute().parent
-    if not parent.is_dir():
+def remove_stale_staging(folder: Path) -> None:
+    """Remove the staging folders in `folder`, whatever output they were for, that a process of this host left and
+    that no longer runs (SIGKILL cannot be caught, so a later run cleans up after it). A folder an overwrite moved
+    aside goes back in place first when nothing has taken its place. Staging folders of live processes, and of
+    other hosts (whose process ids cannot be checked from here), stay."""
+    if not folder.is_dir():
         return
-    # mkdtemp's random part has no "-", so the host (which may) is everything before the last two
-    pattern = re.compile(rf"\.{re.escape(out.name)}\.({'|'.join(STAGING_KINDS)})-(.+)-(\d+)-[^-]+")
-    for entry in parent.iterdir():
-        match = pattern.fullmatch(entry.name)
-        if not match or match.group(2) != socket.gethostname() or _process_alive(int(match.group(3))):
+    for entry in folder.iterdir():
+        match = STAGING_NAME.fullmatch(entry.name)
+        if not match or match["host"] != socket.gethostname() or _process_alive(int(match["pid"])):
             continue
+        out, pid = folder / match["name"], match["pid"]
         replaced = entry / out.name
-        if match.group(1) == "old" and replaced.is_dir() and not os.path.lexists(out):
+        if match["kind"] == "old" and replaced.is_dir() and not os.path.lexists(out):
             # killed between moving the old output aside and putting the new one in place: the old one goes back
-            logger.warning(f"restoring {out} from {replaced}, left by process {match.group(3)}")
+            logger.warning(f"restoring {out} from {replaced}, left by process {pid}")
             with contextlib.suppress(OSError):
                 _rename_noreplace(replaced, out)
-        logger.warning(f"removing {entry}, left by process {match.group(3)}, which no longer runs")
+        logger.warning(f"removing {entry}, left by process {pid}, which no longer runs")
         shutil.rmtree(entry, ignore_errors=True)
 
 
@@ -174,7 +178,7 @@ def atomic_output_dir(out: str | os.PathLike, overwrite: bool = False) -> Iterat
     # the highest missing ancestor: on failure it goes, with everything this call made below it
     topmost_created = next((p for p in reversed([parent, *parent.parents]) if not p.exists()), None)
     parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(out)
+    remove_stale_staging(parent)
     staging = _staging_dir(out, "partial")
     try:
         yield staging

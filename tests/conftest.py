@@ -1,5 +1,5 @@
-"""Shared test fixtures: where the repository and its test fixtures are (`tests/fixtures/`, written by the original
-implementations; see `tests/fixtures/README.md`), the tiny Optimus fixture converted once per session, and for
+"""Shared test fixtures: where the repository and its test fixtures are (`tests/fixtures/`: checkpoints and reference
+outputs, and which code wrote each, in `tests/fixtures/README.md`), the tiny Optimus fixture converted once per session, and for
 `hf-ext serve`: a tiny model folder of each model with an app, and its app running on a free local port."""
 
 import contextlib

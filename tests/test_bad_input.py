@@ -100,6 +100,19 @@ def nan_logits(source, target):
                for name, tensor in tensors.items()}, str(target))
 
 
+def changed(source, target, name, change):
+    """A copy of a reference whose tensor `name` is `change(tensor)`."""
+    tensors = load_file(str(source))
+    tensors[name] = change(tensors[name]).contiguous()
+    save_file(tensors, str(target))
+    return target
+
+
+def shifted(source, target, name, by=5.0):
+    """A copy of a reference whose tensor `name` is moved by `by` (a conversion no longer reproduces it)."""
+    return changed(source, target, name, lambda tensor: tensor + by)
+
+
 def lod_tensor(path, dims, code=5, data=None):
     """A Paddle LoDTensor file (no LoD levels) of `dims` with dtype `code` (5 = float32)."""
     desc = bytes([0x08, code]) + b"".join(bytes([0x10, d]) for d in dims)
@@ -200,6 +213,9 @@ OPTIMUS_CASES = {
                                    "lacks the tensor"),
     "reference not safetensors": (lambda tmp: optimus(tmp, None, "--reference", OPTIMUS / "reference.json"), 1,
                                   "not a .safetensors file"),
+    "reference beyond tolerance": (lambda tmp: optimus(
+        tmp, None, "--reference", shifted(OPTIMUS / "reference.safetensors", tmp / "r.safetensors", "dec_logits")), 1,
+        "dec_logits: max abs error 5 exceeds its tolerance (atol 1e-05)"),
     "no such step": (lambda tmp: optimus(tmp, None, "--step", "7"), 1, "no checkpoint for step 7"),
     "bad flag value": (lambda tmp: optimus(tmp, None, "--latent-as-gpt-memory", "2"), 2, "invalid choice"),
 }
@@ -265,6 +281,10 @@ ERNIE_CASES = {
                           "not a readable safetensors file"),
     "reference of another model": (lambda tmp: ernie(tmp, None, "--reference", OPTIMUS / "reference.safetensors"),
                                    1, "lacks the tensor"),
+    "reference beyond tolerance": (lambda tmp: ernie(
+        tmp, None, "--reference", shifted(FIXTURES / "ernie2" / "tiny" / "reference.safetensors", tmp / "r.safetensors",
+                                          "pooled_output")), 1,
+        "pooled_output: max abs error 5 exceeds its tolerance (atol 0.0001, rtol 0.0001)"),
 }
 
 
@@ -321,7 +341,11 @@ MTDNN_CASES = {
     "reference of another model": (lambda tmp: mtdnn(tmp, "--reference", OPTIMUS / "reference.safetensors"), 1,
                                    "holds none of the outputs"),
     "NaN in the reference": (lambda tmp: (nan_logits(MTDNN / "reference.safetensors", tmp / "r.safetensors"),
-                                          mtdnn(tmp, "--reference", tmp / "r.safetensors"))[1], 1, "gives NaN"),
+                                          mtdnn(tmp, "--reference", tmp / "r.safetensors"))[1], 1,
+                          "cola logits holds NaN values"),
+    "reference beyond tolerance": (lambda tmp: mtdnn(
+        tmp, "--reference", shifted(MTDNN / "reference.safetensors", tmp / "r.safetensors", "cola.logits")), 1,
+        "cola logits: max abs error 5 exceeds its tolerance (atol 5e-05, rtol 0.0001)"),
     "bad group size": (lambda tmp: mtdnn(tmp, "--group-size", "qnnli=x"), 2, "expected TASK=K"),
 }
 
@@ -356,6 +380,18 @@ UT_CASES = {
                           "not a readable safetensors file"),
     "reference of another model": (lambda tmp: ut(tmp, None, "--reference", OPTIMUS / "reference.safetensors"), 1,
                                    "lacks the tensor"),
+    "reference beyond tolerance": (lambda tmp: ut(
+        tmp, None, "--reference", shifted(UT / "reference.safetensors", tmp / "r.safetensors", "act_logits")), 1,
+        "act_logits: max abs error 5 exceeds its tolerance (atol 0.0001, rtol 0.0001)"),
+    "halting steps off by one": (lambda tmp: ut(
+        tmp, None, "--reference", shifted(UT / "reference.safetensors", tmp / "r.safetensors", "act_n_updates", 1.0)),
+        1, "act_n_updates: max abs error 1 exceeds its tolerance (exact)"),
+    "reference of another shape": (lambda tmp: ut(tmp, None, "--reference", changed(
+        UT / "reference.safetensors", tmp / "r.safetensors", "act_logits", lambda logits: logits[:, :-1])), 1,
+        "act_logits has shape [2, 23], the converted model gives [2, 24]"),
+    "infinite reference": (lambda tmp: ut(tmp, None, "--reference", changed(
+        UT / "reference.safetensors", tmp / "r.safetensors", "act_ponder_cost", lambda cost: cost + math.inf)), 1,
+        "act_ponder_cost holds infinite values"),
 }
 
 
@@ -555,25 +591,25 @@ def test_a_signal_during_a_save_removes_the_staging_folder(tmp_path, sent, code,
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_later_run_removes_the_staging_folder_of_a_killed_one(tmp_path):
-    process = start_slow_writer(tmp_path / "out")
-    process.kill()  # SIGKILL cannot be handled: the staging folder stays behind
+def stop(process):
+    process.kill()
     process.wait(timeout=60)
     process.stdout.close()
     process.stderr.close()
-    left = list(tmp_path.glob(".out.partial-*"))
-    assert len(left) == 1
-    alive = start_slow_writer(tmp_path / "other")  # a run in progress beside it keeps its staging folder
+
+
+def test_a_later_run_removes_the_staging_folder_of_a_killed_one_whatever_its_output(tmp_path):
+    alive = start_slow_writer(tmp_path / "other")  # a run in progress in the same folder keeps its staging folder
     try:
-        with atomic_output_dir(tmp_path / "out") as staging:
+        stop(start_slow_writer(tmp_path / "out1"))  # SIGKILL cannot be handled: the staging folder stays behind
+        left = list(tmp_path.glob(".out1.partial-*"))
+        assert len(left) == 1
+        with atomic_output_dir(tmp_path / "out2") as staging:  # another output in the same folder
             (staging / "done").write_text("")
-        assert not left[0].exists() and (tmp_path / "out" / "done").is_file()
+        assert not left[0].exists() and (tmp_path / "out2" / "done").is_file()
         assert len(list(tmp_path.glob(".other.partial-*"))) == 1
     finally:
-        alive.kill()
-        alive.wait(timeout=60)
-        alive.stdout.close()
-        alive.stderr.close()
+        stop(alive)
 
 
 @pytest.mark.parametrize("empty", [True, False])
@@ -609,8 +645,6 @@ def test_converted_folders_follow_the_umask(tmp_path, capsys, umask, folder_mode
 def test_an_output_moved_aside_by_a_killed_overwrite_is_put_back(tmp_path):
     import socket
 
-    from hf_ext.output import remove_stale_staging
-
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = int(finished.stdout)  # a process that has ended
     aside = tmp_path / f".out.old-{socket.gethostname()}-{dead}-abc123" / "out"
@@ -618,6 +652,7 @@ def test_an_output_moved_aside_by_a_killed_overwrite_is_put_back(tmp_path):
     (aside / "model.safetensors").write_text("previous")
     partial = tmp_path / f".out.partial-{socket.gethostname()}-{dead}-def456"
     partial.mkdir()
-    remove_stale_staging(tmp_path / "out")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    with atomic_output_dir(tmp_path / "another") as staging:  # any later run writing into the folder
+        (staging / "model.safetensors").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["another", "out"]
     assert (tmp_path / "out" / "model.safetensors").read_text() == "previous"

@@ -24,6 +24,7 @@ from transformers import AutoTokenizer, ErnieForPreTraining
 
 from hf_ext.checkpoints import load_numpy_pickle, safe_torch_load
 from hf_ext.cli import convert_main, main
+from hf_ext.conversion import Tolerance
 from hf_ext.errors import HfExtError
 from hf_ext.models.ernie2 import conversion as ernie2_conversion
 from hf_ext.models.ernie2.conversion import read_lod_tensor
@@ -376,6 +377,12 @@ def test_model_card_quotes_the_published_glue_results_and_records_provenance(tmp
     config_sha = json.loads((TINY / "reference.json").read_text())["files"]["paddle_static/ernie_config.json"]
     assert config_sha["sha256"] in text
     assert f"params/ ({len(list((STATIC / 'params').iterdir()))} files)" in text and "not computed" not in text
-    parity = {line.split("|")[1].strip(): float(line.split("|")[2]) for line in text.splitlines()
-              if line.startswith(("| sequence_output", "| mlm_logits", "| pooled_output"))}
-    assert len(parity) == 5 and max(parity.values()) < ATOL
+    rows = [line.split("|")[1:4] for line in text.splitlines()
+            if line.startswith(("| sequence_output", "| mlm_logits", "| pooled_output"))]
+    assert len(rows) == 5 and max(float(error) for _, error, _ in rows) < ATOL
+    assert {tolerance.strip() for _, _, tolerance in rows} == {"atol 0.0001, rtol 0.0001"}
+
+
+def test_reference_tolerances_are_the_fixtures():
+    stated = json.loads((TINY / "reference.json").read_text())["comparison"]["suggested_tolerance"]
+    assert set(ernie2_conversion.REFERENCE_TOLERANCES.values()) == {Tolerance(**stated)}

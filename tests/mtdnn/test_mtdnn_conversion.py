@@ -526,3 +526,14 @@ def test_existing_output_is_kept(small_checkpoint, tmp_path, capsys):
     code, _, err = run_cli(capsys, "convert", "mtdnn", small_checkpoint[0], tmp_path / "out")
     assert code != 0 and "already exists" in err
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+
+
+def test_reference_tolerances_are_the_fixtures(reference):
+    from hf_ext.models.mtdnn.conversion import REFERENCE_TOLERANCES
+
+    stated = reference[1]["tolerances_suggested"]
+    assert {(tolerance.atol, tolerance.rtol) for tolerance in REFERENCE_TOLERANCES.values()} == \
+        {(stated["atol"], stated["rtol"])}
+    # masked SAN scores are -inf in the original; the comparison wants them -inf at the same places
+    assert [name for name, tolerance in REFERENCE_TOLERANCES.items() if tolerance.infinities] == ["san_att_scores"]
+    assert "-inf" in stated["note"]

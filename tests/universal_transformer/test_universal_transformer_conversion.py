@@ -5,6 +5,7 @@ non-zero exit, nothing written)."""
 import hashlib
 import json
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -56,7 +57,8 @@ def test_fixture_parity_with_act(converted, reference, fixture_dir):
     torch.testing.assert_close(logits, reference["act_logits"], atol=1e-4, rtol=1e-4)
     card = (converted / "README.md").read_text()
     digest = hashlib.sha256((fixture_dir / "state_dict.pt").read_bytes()).hexdigest()
-    assert "| act_n_updates | 0 |" in card and "| `state_dict.pt` |" in card and digest in card
+    assert "| act_n_updates | 0 | exact |" in card and "| `state_dict.pt` |" in card and digest in card
+    assert re.search(r"^\| act_logits \| [0-9.e-]+ \| atol 0.0001, rtol 0.0001 \|$", card, re.MULTILINE)
 
 
 def test_fixture_parity_without_act(converted, reference):
@@ -312,3 +314,15 @@ def test_remote_code_in_a_fresh_process(converted, fixture_dir, tmp_path):
     loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, cwd=tmp_path)
     assert loaded.returncode == 0, loaded.stderr
     assert float(loaded.stdout.strip().splitlines()[-1]) < 1e-4
+
+
+def test_reference_tolerances_are_the_fixtures(fixture_dir):
+    from hf_ext.conversion import EXACT, Tolerance
+    from hf_ext.models.universal_transformer.conversion import REFERENCE_TOLERANCES
+
+    stated = json.loads((fixture_dir / "reference.json").read_text())["suggested_tolerance"]
+    atol, rtol = map(float, re.match(r"atol (\S+) / rtol (\S+) for float tensors", stated).groups())
+    assert "n_updates" in stated and "must match exactly" in stated
+    assert {name: tolerance for name, tolerance in REFERENCE_TOLERANCES.items() if tolerance != EXACT} == \
+        {name: Tolerance(atol=atol, rtol=rtol) for name in REFERENCE_TOLERANCES if name != "act_n_updates"}
+    assert REFERENCE_TOLERANCES["act_n_updates"] == EXACT

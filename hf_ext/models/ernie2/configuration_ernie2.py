@@ -27,19 +27,25 @@ ENCODER_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attentio
 
 
 def validate_ernie_encoder(config: ErnieConfig) -> None:
-    """One `ValueError` line for an `ErnieConfig` the encoder cannot be built from: sizes must be positive integers
-    (not strings or booleans, which a hand-edited config may hold), the width must split into the heads, and the
-    LayerNorm epsilon must be a positive finite number. transformers' own config checks only the types."""
-    for name in ENCODER_SIZES:
+    """One `ValueError` line for an `ErnieConfig` the encoder cannot be built from (`_check_sizes`). transformers' own
+    config checks only the types."""
+    _check_sizes(config, "encoder", ENCODER_SIZES, "hidden_size", "num_attention_heads", "layer_norm_eps")
+
+
+# Copied from hf_ext.models.optimus.configuration_optimus._check_sizes
+def _check_sizes(config, side, sizes, width, heads, epsilon):
+    """Sizes must be positive integers (not strings or booleans, which a hand-edited config.json may hold), the
+    width must split into the heads, and the LayerNorm epsilon must be a positive finite number."""
+    for name in sizes:
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if config.hidden_size % config.num_attention_heads:
-        raise ValueError(f"hidden_size {config.hidden_size} is not divisible by num_attention_heads "
-                         f"{config.num_attention_heads}")
-    eps = config.layer_norm_eps
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
-        raise ValueError(f"layer_norm_eps must be a positive finite number, got {eps!r}")
+            raise ValueError(f"{side} {name} must be a positive integer, got {value!r}")
+    if getattr(config, width) % getattr(config, heads):
+        raise ValueError(f"{side} {width} {getattr(config, width)} is not divisible by {heads} "
+                         f"{getattr(config, heads)}")
+    value = getattr(config, epsilon)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{side} {epsilon} must be a positive finite number, got {value!r}")
 
 
 def sentence_reordering_classes(max_segments: int) -> int:

@@ -29,7 +29,8 @@ from transformers.utils import logging
 
 from ...arguments import positive_float
 from ...checkpoints import load_numpy_pickle
-from ...conversion import add_output_arguments, compare_with_reference, load_reference, print_parity
+from ...conversion import (Compared, ParityCheck, Tolerance, add_output_arguments, compare_with_reference,
+                           load_reference, print_parity, require_parity)
 from ...errors import HfExtError, one_line
 from ...export import empty_model, expected_tensors, file_record, read_json, sha256, write_model_folder
 from .configuration_ernie2 import validate_ernie_encoder
@@ -561,9 +562,15 @@ def source_files(source: ErnieSource, checksums: bool) -> list[dict]:
     return rows
 
 
-def reference_errors(model: ErnieForPreTraining, reference: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Max abs errors against the original's outputs (the fixtures' `reference.safetensors` layout): key-mask tensors
-    at every position, original-mask tensors at real tokens."""
+# the original's outputs a `--reference` file may hold, each with its tolerance (the fixture's reference.json:
+# atol 1e-4, rtol 1e-4)
+REFERENCE_TOLERANCES = {name: Tolerance(atol=1e-4, rtol=1e-4) for name in (
+    "sequence_output_key_mask", "mlm_logits_key_mask", "pooled_output", "sequence_output", "mlm_logits")}
+
+
+def reference_outputs(model: ErnieForPreTraining, reference: dict[str, torch.Tensor]) -> dict[str, Compared]:
+    """The converted model's outputs beside the original's (the fixtures' `reference.safetensors` layout): key-mask
+    tensors at every position, original-mask tensors at real tokens."""
     model.eval()
     inputs = {"input_ids": reference["input_ids"], "attention_mask": reference["attention_mask"],
               **{k: reference[k] for k in ("token_type_ids", "position_ids", "task_type_ids") if k in reference}}
@@ -575,24 +582,22 @@ def reference_errors(model: ErnieForPreTraining, reference: dict[str, torch.Tens
     pooled = model.ernie.pooler(sequence)
     real = reference["attention_mask"].bool()
     ours = {"sequence_output_key_mask": sequence, "mlm_logits_key_mask": logits, "pooled_output": pooled,
-            "sequence_output (real tokens)": sequence[real], "mlm_logits (real tokens)": logits[real]}
-    theirs = {"sequence_output (real tokens)": "sequence_output", "mlm_logits (real tokens)": "mlm_logits"}
-    errors = {}
-    for name, value in ours.items():
-        key = theirs.get(name, name)
-        if key in reference:
-            target = reference[key][real] if name in theirs else reference[key]
-            errors[name] = (value - target).abs().max().item()
-    return errors
+            "sequence_output": sequence[real], "mlm_logits": logits[real]}
+    # the original masks padded query rows too: its own-mask outputs compare at real tokens only
+    shown = {"sequence_output": "sequence_output (real tokens)", "mlm_logits": "mlm_logits (real tokens)"}
+    return {shown.get(key, key): Compared(value, reference[key][real] if key in shown else reference[key],
+                                          REFERENCE_TOLERANCES[key])
+            for key, value in ours.items() if key in reference}
 
 
 def convert_ernie2_checkpoint(src: str | Path, out: str | Path, *, vocab: str | Path | None = None,
                               do_lower_case: bool | None = None, layer_norm_eps: float = ORIGINAL_LAYER_NORM_EPS,
                               reference: str | Path | None = None, checksums: bool = False, overwrite: bool = False,
                               push_to_hub: str | None = None, private: bool = False,
-                              token: str | None = None) -> dict[str, float]:
+                              token: str | None = None) -> list[ParityCheck]:
     """Convert an ERNIE 2.0 Paddle checkpoint into a transformers `ernie` folder at `out` (written atomically), with
-    a model card; optionally push it. Returns the parity errors measured (empty without `reference`)."""
+    a model card; optionally push it. Returns the parity checks (none without `reference`); a check beyond its
+    tolerance fails the conversion (`HfExtError`, nothing written)."""
     from ... import __version__
     from ...hub import card_data, push_folder, write_model_card
     from ...output import atomic_output_dir, check_output_dir
@@ -615,11 +620,12 @@ def convert_ernie2_checkpoint(src: str | Path, out: str | Path, *, vocab: str | 
         logger.info(f"writing {len(weights.state)} tensors to {staging}")
         write_model_folder(staging, ErnieForPreTraining, config, weights.state, processor=tokenizer,
                            source=str(source.weights_path))
-        parity = {}
+        parity = []
         if reference is not None:
             logger.info(f"comparing with the original's outputs in {reference}")
             parity = compare_with_reference(ErnieForPreTraining.from_pretrained(staging), reference_tensors, reference,
-                                            reference_errors)
+                                            reference_outputs)
+            require_parity(parity, reference)
         repo_id = push_to_hub or Path(out).name
         write_model_card(
             staging, "ernie2",

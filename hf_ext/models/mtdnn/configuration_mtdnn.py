@@ -80,7 +80,7 @@ class MTDNNConfig(PretrainedConfig):
 
     def validate_mtdnn(self) -> None:
         """Raise `ValueError` with one clear line for a configuration the model cannot run."""
-        _check_encoder(self.encoder)
+        _check_sizes(self.encoder, "encoder", ENCODER_SIZES, "hidden_size", "num_attention_heads", "layer_norm_eps")
         names = [task["name"] for task in self.tasks]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
@@ -304,19 +304,20 @@ def _normalize_san(san, fail):
     return {**san, "memory_dropout": float(drop)}
 
 
-def _check_encoder(encoder):
-    """Sizes must be positive integers (not strings or booleans, which a hand-edited config may hold), the width must
-    split into the heads, and the LayerNorm epsilon must be a positive finite number."""
-    for name in ENCODER_SIZES:
-        value = getattr(encoder, name)
+# Copied from hf_ext.models.optimus.configuration_optimus._check_sizes
+def _check_sizes(config, side, sizes, width, heads, epsilon):
+    """Sizes must be positive integers (not strings or booleans, which a hand-edited config.json may hold), the
+    width must split into the heads, and the LayerNorm epsilon must be a positive finite number."""
+    for name in sizes:
+        value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"encoder {name} must be a positive integer, got {value!r}")
-    if encoder.hidden_size % encoder.num_attention_heads:
-        raise ValueError(f"encoder hidden_size {encoder.hidden_size} is not divisible by num_attention_heads "
-                         f"{encoder.num_attention_heads}")
-    eps = encoder.layer_norm_eps
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
-        raise ValueError(f"encoder layer_norm_eps must be a positive finite number, got {eps!r}")
+            raise ValueError(f"{side} {name} must be a positive integer, got {value!r}")
+    if getattr(config, width) % getattr(config, heads):
+        raise ValueError(f"{side} {width} {getattr(config, width)} is not divisible by {heads} "
+                         f"{getattr(config, heads)}")
+    value = getattr(config, epsilon)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{side} {epsilon} must be a positive finite number, got {value!r}")
 
 
 __all__ = ["MTDNNConfig"]

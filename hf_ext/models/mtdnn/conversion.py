@@ -24,7 +24,8 @@ from transformers import AutoTokenizer, BertConfig, PreTrainedTokenizerBase
 from transformers.utils import logging
 
 from ...checkpoints import safe_torch_load
-from ...conversion import add_output_arguments, compare_with_reference, load_reference, print_parity
+from ...conversion import (Compared, ParityCheck, Tolerance, add_output_arguments, compare_with_reference, exact_check,
+                           load_reference, print_parity, require_parity)
 from ...errors import HfExtError, one_line
 from ...export import file_record, write_model_folder
 from . import AUTO_MAP, MTDNNConfig, MTDNNModel
@@ -367,13 +368,22 @@ def load_tokenizer(name_or_path: str | Path, vocab_size: int) -> PreTrainedToken
     return tokenizer
 
 
-def reference_errors(model: MTDNNModel, reference: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Max abs error of the converted model against outputs of the original, per task found in `reference`
-    (tensors named `<task>.input_ids`, `.token_type_ids`, `.attention_mask`, optionally `.premise_mask` and
-    `.hypothesis_mask`, and outputs `.logits`, `.all_hidden_states`, `.group_scores`, `.san_*`). Masked (-inf)
-    attention scores must be -inf at the same places; elsewhere the difference counts."""
+# the original's outputs a `--reference` file may hold per task, each with its tolerance (the fixture's: atol 5e-5,
+# rtol 1e-4); masked attention scores are -inf and must be -inf at the same places
+REFERENCE_TOLERANCE = Tolerance(atol=5e-5, rtol=1e-4)
+REFERENCE_TOLERANCES = {
+    **{name: REFERENCE_TOLERANCE for name in ("logits", "all_hidden_states", "group_scores", "san_h0", "san_x_sum",
+                                              "san_h_state", "san_gru_out", "san_turn_scores")},
+    "san_att_scores": Tolerance(atol=5e-5, rtol=1e-4, infinities=True),
+}
+
+
+def reference_outputs(model: MTDNNModel, reference: dict[str, torch.Tensor]) -> dict[str, Compared]:
+    """The converted model's outputs beside the original's, per task found in `reference` (tensors named
+    `<task>.input_ids`, `.token_type_ids`, `.attention_mask`, optionally `.premise_mask` and `.hypothesis_mask`, and
+    outputs `.logits`, `.all_hidden_states`, `.group_scores`, `.san_*`)."""
     model.eval()
-    errors = {}
+    compared = {}
     for task in model.config.task_names:
         if f"{task}.input_ids" not in reference:
             continue
@@ -392,25 +402,18 @@ def reference_errors(model: MTDNNModel, reference: dict[str, torch.Tensor]) -> d
         for name, value in ours.items():
             expected = reference.get(f"{task}.{name}")
             if value is not None and expected is not None:
-                errors[f"{task} {name}"] = max_abs_error(value, expected)
-    return errors
-
-
-def max_abs_error(value: torch.Tensor, expected: torch.Tensor) -> float:
-    """Max abs difference; infinite when shapes or the positions of infinities differ."""
-    if value.shape != expected.shape or not torch.equal(value.isinf(), expected.isinf()):
-        return float("inf")
-    finite = ~expected.isinf()
-    return (value[finite] - expected[finite]).abs().max().item() if finite.any() else 0.0
+                compared[f"{task} {name}"] = Compared(value, expected, REFERENCE_TOLERANCES[name])
+    return compared
 
 
 def convert_mtdnn_checkpoint(checkpoint: str | Path, out: str | Path, *, task_def: str | Path | None = None,
                              group_sizes: Mapping[str, int] | None = None, default_task: str | None = None,
                              tokenizer: str | Path | None = None, reference: str | Path | None = None,
                              overwrite: bool = False, push_to_hub: str | None = None, private: bool = False,
-                             token: str | None = None) -> dict[str, float]:
+                             token: str | None = None) -> list[ParityCheck]:
     """Convert an original MT-DNN checkpoint into a model folder at `out` (written atomically), with a model card
-    that records the source, the tasks and the parity measured; optionally push it. Returns the parity errors."""
+    that records the source, the tasks and the parity measured; optionally push it. Returns the parity checks; a
+    check beyond its tolerance fails the conversion (`HfExtError`, nothing written)."""
     from ... import __version__
     from ...hub import card_data, push_folder, write_model_card
     from ...output import atomic_output_dir, check_output_dir
@@ -435,10 +438,12 @@ def convert_mtdnn_checkpoint(checkpoint: str | Path, out: str | Path, *, task_de
         logger.info("checking the written folder")
         model = MTDNNModel.from_pretrained(staging).eval()
         loaded = model.state_dict()
-        parity = {"weights (round trip)": max((loaded[k] - v).abs().max().item() for k, v in weights.items())}
+        parity = [exact_check("weights (round trip)",
+                              max((loaded[k] - v).abs().max().item() for k, v in weights.items()))]
         if reference is not None:
             logger.info(f"comparing with the original's outputs in {reference}")
-            parity.update(compare_with_reference(model, reference_tensors, reference, reference_errors))
+            parity += compare_with_reference(model, reference_tensors, reference, reference_outputs)
+        require_parity(parity, reference)
         write_model_card(
             staging, "mtdnn",
             card_data(license="mit", tags=["mt-dnn", "multi-task", "bert", "text-classification"],

@@ -195,14 +195,20 @@ class MTDNNPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module):
+        if isinstance(module, nn.RNNCellBase):  # torch's own initialisation of recurrent cells
+            bound = 1 / math.sqrt(module.hidden_size)
+            for weight in module.parameters():
+                init.uniform_(weight, -bound, bound)
+        else:
+            self._init_linear_weights(module)
+
+    # Copied from hf_ext.models.optimus.modeling_optimus.OptimusPreTrainedModel._init_weights with _init_weights->_init_linear_weights, decoder->encoder
+    @torch.no_grad()
+    def _init_linear_weights(self, module):
         if isinstance(module, nn.Linear):
             init.normal_(module.weight, mean=0.0, std=self.config.encoder.initializer_range)
             if module.bias is not None:
                 init.zeros_(module.bias)
-        elif isinstance(module, nn.RNNCellBase):  # torch's own initialisation of recurrent cells
-            bound = 1 / math.sqrt(module.hidden_size)
-            for weight in module.parameters():
-                init.uniform_(weight, -bound, bound)
 
 
 class MTDNNModel(MTDNNPreTrainedModel):

@@ -20,7 +20,8 @@ from transformers import BertConfig, BertTokenizer, GPT2Config, GPT2Tokenizer
 from transformers.utils import logging
 
 from ...checkpoints import load_state_dict, safe_torch_load
-from ...conversion import add_output_arguments, compare_with_reference, load_reference, print_parity
+from ...conversion import (Compared, ParityCheck, Tolerance, add_output_arguments, compare_with_reference, exact_check,
+                           load_reference, print_parity, require_parity)
 from ...errors import HfExtError, one_line
 from ...export import file_record, read_json, write_model_folder
 from . import AUTO_MAP, OptimusConfig, OptimusModel, OptimusProcessor
@@ -373,16 +374,22 @@ def to_original_state_dicts(state: dict[str, torch.Tensor], tie_word_embeddings:
     return encoder, decoder
 
 
-def reference_errors(model: OptimusModel, reference: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Max abs error of the converted model against tensors the original computed (the fixtures' layout:
-    `enc_input_ids`, `dec_labels`, `z` in; encoder outputs, posterior, logits and losses out)."""
+# the original's outputs a `--reference` file may hold, each with its tolerance (float32; the fixture's: atol 1e-5)
+REFERENCE_TOLERANCES = {name: Tolerance(atol=1e-5) for name in ("enc_last_hidden", "enc_pooled", "mean", "logvar",
+                                                                "dec_logits", "loss_rec")}
+
+
+def reference_outputs(model: OptimusModel, reference: dict[str, torch.Tensor]) -> dict[str, Compared]:
+    """The converted model's outputs beside the original's (the fixtures' layout: `enc_input_ids`, `dec_labels`,
+    `z` in; encoder outputs, posterior, logits and losses out)."""
     model.eval()
     with torch.no_grad():
         mean, logvar, encoder_outputs = model.encode(reference["enc_input_ids"])
         outputs = model(labels=reference["dec_labels"], latent_z=reference.get("z", mean))
     ours = {"enc_last_hidden": encoder_outputs.last_hidden_state, "enc_pooled": encoder_outputs.pooler_output,
             "mean": mean, "logvar": logvar, "dec_logits": outputs.logits, "loss_rec": outputs.loss_rec}
-    return {name: (value - reference[name]).abs().max().item() for name, value in ours.items() if name in reference}
+    return {name: Compared(value, reference[name], REFERENCE_TOLERANCES[name]) for name, value in ours.items()
+            if name in reference}
 
 
 def round_trip_error(path: str | Path, written: dict[str, torch.Tensor], block_bytes: int = 32 << 20) -> float:
@@ -442,9 +449,10 @@ def convert_optimus_checkpoint(src: str | Path | None = None, out: str | Path | 
                                latent_as_gpt_memory: int | bool | None = None,
                                latent_as_gpt_emb: int | bool | None = None, reference: str | Path | None = None,
                                overwrite: bool = False, push_to_hub: str | None = None, private: bool = False,
-                               token: str | None = None) -> dict[str, float]:
+                               token: str | None = None) -> list[ParityCheck]:
     """Convert an original Optimus checkpoint into a model folder at `out` (written atomically), with a model card
-    that records the source files and the parity measured; optionally push it. Returns the parity errors."""
+    that records the source files and the parity measured; optionally push it. Returns the parity checks; a check
+    beyond its tolerance fails the conversion (`HfExtError`, nothing written)."""
     from ... import __version__
     from ...hub import card_data, push_folder, write_model_card
     from ...output import atomic_output_dir, check_output_dir
@@ -471,10 +479,11 @@ def convert_optimus_checkpoint(src: str | Path | None = None, out: str | Path | 
             written = convert_state_dict(original.encoder_state, original.decoder_state)
             original.encoder_state.clear()  # `written` now holds the only references; the check releases them
             original.decoder_state.clear()
-            parity = {"weights (round trip)": round_trip_error(staging / "model.safetensors", written)}
+            parity = [exact_check("weights (round trip)", round_trip_error(staging / "model.safetensors", written))]
             if reference is not None:
                 logger.info(f"comparing with the original's outputs in {reference}")
-                parity.update(compare_with_reference(model.eval(), reference_tensors, reference, reference_errors))
+                parity += compare_with_reference(model.eval(), reference_tensors, reference, reference_outputs)
+            require_parity(parity, reference)
             repo_id = push_to_hub or Path(out).name
             write_model_card(
                 staging, "optimus",

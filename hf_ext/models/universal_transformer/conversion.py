@@ -23,7 +23,8 @@ import torch
 from transformers.utils import logging
 
 from ...checkpoints import load_state_dict
-from ...conversion import add_output_arguments, compare_with_reference, load_reference, print_parity
+from ...conversion import (EXACT, Compared, ParityCheck, Tolerance, add_output_arguments, compare_with_reference,
+                           exact_check, load_reference, print_parity, require_parity)
 from ...errors import HfExtError
 from ...export import empty_model, expected_tensors, file_record, read_json, write_model_folder
 from . import AUTO_MAP, UniversalTransformerConfig, UniversalTransformerForSequenceClassification
@@ -147,11 +148,21 @@ def convert_state_dict(state: dict[str, torch.Tensor], config: UniversalTransfor
     return converted_state
 
 
-def reference_errors(model: UniversalTransformerForSequenceClassification, reference: dict[str, torch.Tensor],
-                     ) -> dict[str, float]:
-    """Max abs errors against tensors the original computed (the fixtures' reference.safetensors: from
+# the original's outputs a `--reference` file may hold, each with its tolerance (the fixture's: float tensors within
+# atol 1e-4 / rtol 1e-4, the number of steps each position ran exactly)
+FLOAT_TOLERANCE = Tolerance(atol=1e-4, rtol=1e-4)
+REFERENCE_TOLERANCES = {
+    **{name: FLOAT_TOLERANCE for name in (
+        "act_encoder_last_hidden_state", "fixed_encoder_last_hidden_state", "act_logits", "fixed_logits",
+        "act_encoder_last_hidden_state_with_unused_final_layer_norm", "act_remainders", "act_ponder_cost")},
+    "act_n_updates": EXACT,
+}
+
+
+def reference_outputs(model: UniversalTransformerForSequenceClassification, reference: dict[str, torch.Tensor],
+                      ) -> dict[str, Compared]:
+    """The converted model's outputs beside tensors the original computed (the fixtures' reference.safetensors: from
     `encoder_inputs_embeds`, the ACT and fixed-depth encoder outputs, halting pattern, ponder cost and logits)."""
-    errors = {}
     with torch.no_grad():
         outputs = model(inputs_embeds=reference["encoder_inputs_embeds"])
         body = model.universal_transformer(inputs_embeds=reference["encoder_inputs_embeds"])
@@ -163,19 +174,17 @@ def reference_errors(model: UniversalTransformerForSequenceClassification, refer
     if model.config.use_act:
         ours.update({"act_n_updates": body.n_updates, "act_remainders": body.remainders,
                      "act_ponder_cost": body.ponder_cost})
-    for name, value in ours.items():
-        if name in reference:
-            errors[name] = (value - reference[name]).abs().max().item()
-    return errors
+    return {name: Compared(value, reference[name], REFERENCE_TOLERANCES[name]) for name, value in ours.items()
+            if name in reference}
 
 
 def convert_universal_transformer_checkpoint(src: str | Path, out: str | Path, *, final_layer_norm: bool = False,
                                              reference: str | Path | None = None, overwrite: bool = False,
                                              push_to_hub: str | None = None, private: bool = False,
-                                             token: str | None = None) -> dict[str, float]:
+                                             token: str | None = None) -> list[ParityCheck]:
     """Convert SRC (state_dict.pt + config.json of a BabiUTransformer) into a model folder at `out`, written
     atomically, with a model card recording the source files and the parity measured; optionally push it.
-    Returns the parity errors."""
+    Returns the parity checks; a check beyond its tolerance fails the conversion (`HfExtError`, nothing written)."""
     from ... import __version__
     from ...hub import card_data, push_folder, write_model_card
     from ...output import atomic_output_dir, check_output_dir
@@ -212,10 +221,12 @@ def convert_universal_transformer_checkpoint(src: str | Path, out: str | Path, *
         logger.info("checking the written folder")
         model = UniversalTransformerForSequenceClassification.from_pretrained(staging).eval()
         loaded = model.state_dict()
-        parity = {"weights (round trip)": max((loaded[k] - v).abs().max().item() for k, v in state.items())}
+        parity = [exact_check("weights (round trip)",
+                              max((loaded[k] - v).abs().max().item() for k, v in state.items()))]
         if reference_tensors is not None:
             logger.info(f"comparing with the original's outputs in {reference}")
-            parity.update(compare_with_reference(model, reference_tensors, reference, reference_errors))
+            parity += compare_with_reference(model, reference_tensors, reference, reference_outputs)
+        require_parity(parity, reference)
         repo_id = push_to_hub or Path(out).name
         write_model_card(
             staging, "universal_transformer",
