@@ -1,8 +1,10 @@
-"""Argparse `type=` validators for numeric options: a value out of range is a usage error (exit 2) naming the
-option, before any work starts. NaN and infinities are refused everywhere: no option here means them."""
+"""Argparse `type=` validators: a value out of range is a usage error (exit 2) naming the option, before any work
+starts. NaN and infinities are refused everywhere: no option here means them. A Hub token with whitespace or a
+control character in it is refused too, without showing it."""
 
 import argparse
 import math
+import unicodedata
 from collections.abc import Callable
 
 
@@ -42,3 +44,19 @@ nonnegative_float = number_in(float, 0)
 nonnegative_int = number_in(int, 0)
 probability = number_in(float, 0, 1, low_open=True)
 fraction = number_in(float, 0, 1, high_open=True)  # [0, 1): a share of the steps, a dropout rate
+
+
+TOKEN_HELP = ("Hub token (default: HF_TOKEN, or the one `hf auth login` saved; prefer those: a token given here shows "
+              "in the process list and the shell's history)")
+
+
+def hub_token(text: str) -> str:
+    """A `--token` value, refused when it is empty or holds whitespace or a control character (a line ending copied
+    from a file would otherwise reach an HTTP header, whose error quotes it). The message never shows the token."""
+    if not text:
+        raise argparse.ArgumentTypeError("the token is empty")
+    if any(character.isspace() or unicodedata.category(character).startswith("C") for character in text):
+        raise argparse.ArgumentTypeError("the token holds whitespace or a control character (a line ending read "
+                                         "from a file?); it is not shown here. Set HF_TOKEN or run `hf auth login` "
+                                         "instead")
+    return text

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import NoReturn
 
-from .errors import HfExtError, one_line
+from .arguments import TOKEN_HELP, hub_token
+from .errors import HfExtError, one_line, redact, remote_code_refusal
 from .models import MODELS
 from .serve import add_serve_command
 
@@ -27,7 +28,8 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         program = self.prog.split()[0]  # "hf-ext convert optimus" -> "hf-ext"
-        self.exit(2, f"{program}: error: {message} (see {self.prog} --help)\n")
+        # redacted: argparse echoes what it did not understand, a token after a mistyped --token included
+        self.exit(2, redact(f"{program}: error: {message} (see {self.prog} --help)") + "\n")
 
 
 def build_parser(prog: str = "hf-ext") -> Parser:
@@ -45,7 +47,10 @@ def build_parser(prog: str = "hf-ext") -> Parser:
     push.add_argument("--private", action="store_true", help="create the repository as private")
     push.add_argument("--revision", help="branch to push to (default: main)")
     push.add_argument("--commit-message", help="commit message")
-    push.add_argument("--token", help="Hub token (default: the logged-in one)")
+    push.add_argument("--token", type=hub_token, help=TOKEN_HELP)
+    push.add_argument("--skip-refused", action="store_true",
+                      help="leave out, with a warning, what push refuses otherwise: hidden files and folders, links "
+                      "that lead out of DIR (and the Hub cache), anything that is not a regular file")
     push.set_defaults(handler=_run_push)
     export = commands.add_parser("export", help="export a model folder for other runtimes",
                                  description="Export a model folder for other runtimes.")
@@ -99,7 +104,7 @@ def _run_push(args):
     from .hub import push_folder
 
     print(push_folder(args.dir, args.repo_id, token=args.token, private=args.private, revision=args.revision,
-                      commit_message=args.commit_message))
+                      commit_message=args.commit_message, skip_refused=args.skip_refused))
 
 
 def _run_export_onnx(args):
@@ -195,7 +200,7 @@ def execute(args: argparse.Namespace, prog: str) -> int:
         with terminate_as_exception(), contextlib.nullcontext() if needs_the_hub(args) else hub_offline():
             args.handler(args)
     except HfExtError as error:
-        return _fail(prog, str(error))
+        return _fail(prog, remote_code_refusal(error) or str(error))
     except KeyboardInterrupt:
         return _fail(prog, "interrupted", code=130)
     except Terminated:
@@ -203,12 +208,12 @@ def execute(args: argparse.Namespace, prog: str) -> int:
     except Exception as error:  # noqa: BLE001 - every failure ends as one line; HF_EXT_DEBUG shows the traceback
         if os.environ.get("HF_EXT_DEBUG"):
             raise
-        return _fail(prog, describe_failure(error))
+        return _fail(prog, remote_code_refusal(error) or describe_failure(error))
     return 0
 
 
 def _fail(prog, message, code=1):
-    sys.stderr.write(f"{prog}: error: {message}\n")
+    sys.stderr.write(f"{prog}: error: {redact(message)}\n")
     sys.stderr.flush()
     return code
 

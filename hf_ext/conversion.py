@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import torch
 
+from .arguments import TOKEN_HELP, hub_token
 from .errors import HfExtError, one_line
 
 
@@ -21,7 +22,7 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     parser.add_argument("--push-to-hub", metavar="REPO_ID", help="also push the folder to this Hub repository")
     parser.add_argument("--private", action="store_true", help="create the Hub repository as private")
-    parser.add_argument("--token", help="Hub token (default: the logged-in one)")
+    parser.add_argument("--token", type=hub_token, help=TOKEN_HELP)
 
 
 def load_reference(path: str | Path) -> dict[str, torch.Tensor]:

@@ -1,5 +1,6 @@
-"""Hub work through huggingface_hub: model cards from `model_cards/`, pushing a folder as one commit, and laying a
-folder into a local Hub cache so that `from_pretrained("org/name")` resolves offline."""
+"""Hub work through huggingface_hub: model cards from `model_cards/`, pushing a folder as one commit (its regular files
+only, listed first), laying a folder into a local Hub cache so that `from_pretrained("org/name")` resolves offline,
+copying model files without following links out of their folder, and naming a model without local paths."""
 
 import hashlib
 import shutil
@@ -15,6 +16,7 @@ from huggingface_hub.errors import HfHubHTTPError
 from transformers.utils import logging
 
 from .errors import HfExtError
+from .output import copy_file
 
 logger = logging.get_logger(__name__)
 
@@ -41,20 +43,115 @@ def card_data(**kwargs: Any) -> ModelCardData:
     return ModelCardData(library_name="transformers", tags=tags, **kwargs)
 
 
+def link_roots(folder: str | Path) -> list[Path]:
+    """Where a link in `folder` may lead for its target to be copied or published: into the folder itself, or into a
+    Hub cache (a cached snapshot is made of links into the cache's blobs): the configured one, and the one holding
+    `folder` when it is itself a snapshot (`models--org--name/snapshots/<commit>`)."""
+    root = Path(folder).resolve()
+    roots = [root, Path(constants.HF_HUB_CACHE).resolve()]
+    if root.parent.name == "snapshots":
+        roots.append(root.parent.parent / "blobs")
+    return roots
+
+
+def link_problem(path: Path, roots: list[Path]) -> str | None:
+    """Why the link `path` may not be followed, or None (also when `path` is no link): where it leads must be inside
+    `roots` (see `link_roots`) and not hidden there."""
+    if not path.is_symlink():
+        return None
+    target = path.resolve()
+    root = next((root for root in roots if target.is_relative_to(root)), None)
+    if root is None:
+        return "a link leading out of the folder"
+    if any(part.startswith(".") for part in target.relative_to(root).parts):
+        return "a link to a hidden file"
+    return None
+
+
+def checked_link_target(file: Path, roots: list[Path]) -> Path:
+    """The file to read for the model file `file`: itself, or where its links lead when `link_problem` allows it. A
+    link leading anywhere else is refused: a folder's `vocab.txt -> ~/.ssh/id_rsa` must not become a file of a copy,
+    which `push` would then publish."""
+    problem = link_problem(file, roots)
+    if problem is not None:
+        raise HfExtError(f"{file} is {problem} (to {file.resolve()}): refusing to copy it")
+    return file.resolve()
+
+
+def model_name(source: str | Path) -> str:
+    """How published files and the served page name a model: a Hub repo id as it is, a local folder by its own name
+    (a Hub cache snapshot by its repo id), never by a local path."""
+    path = Path(source)
+    if not path.exists():
+        return str(source)
+    path = path.resolve()
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+        return path.parent.parent.name.removeprefix("models--").replace("--", "/")
+    return path.name
+
+
+def publishable_files(folder: str | Path, skip_refused: bool = False) -> list[tuple[str, Path]]:
+    """`(path in the repository, file to read)` of what `push` publishes from `folder`: its regular files, and links
+    to files inside it or in the Hub cache (read where they lead). Hidden files and folders (`.env`, `.git/`), links
+    that lead anywhere else (`notes.txt -> ~/.ssh/id_rsa`) and what is not a regular file are refused with one
+    error naming them, or with `skip_refused` left out with a warning."""
+    folder = Path(folder)
+    roots = link_roots(folder)
+    files, refused = [], []
+
+    def walk(directory: Path, prefix: str, walking: frozenset) -> None:
+        for entry in sorted(directory.iterdir()):
+            name = f"{prefix}{entry.name}"
+            problem = "hidden" if entry.name.startswith(".") else link_problem(entry, roots)
+            target = entry.resolve()
+            if problem is not None:
+                refused.append(f"{name} ({problem})")
+            elif target.is_dir() and target in walking:
+                refused.append(f"{name} (a link to a folder holding it)")
+            elif target.is_dir():
+                walk(entry, f"{name}/", walking | {target})
+            elif target.is_file():
+                files.append((name, target))
+            else:
+                refused.append(f"{name} ({'a dangling link' if entry.is_symlink() else 'not a regular file'})")
+
+    walk(folder, "", frozenset({folder.resolve()}))
+    if refused and not skip_refused:
+        raise HfExtError(f"refusing to publish {', '.join(refused)} from {folder}: push publishes regular files "
+                         "inside the folder only (move them out, or pass --skip-refused to leave them out)")
+    for name in refused:
+        logger.warning(f"not publishing {name}")
+    return files
+
+
 def push_folder(folder: str | Path, repo_id: str, token: str | None = None, private: bool = False,
-                revision: str | None = None, commit_message: str | None = None, endpoint: str | None = None) -> str:
-    """Create `repo_id` if needed and upload `folder` as a single commit; returns the commit URL."""
+                revision: str | None = None, commit_message: str | None = None, endpoint: str | None = None,
+                skip_refused: bool = False) -> str:
+    """Create `repo_id` if needed and upload the files of `folder` that `publishable_files` accepts as a single
+    commit, listing them (names and sizes) and saying whether the repository is public first; returns the commit
+    URL."""
+    from huggingface_hub import CommitOperationAdd
+
     folder = Path(folder)
     if not folder.is_dir() or not (folder / "config.json").is_file():
         raise HfExtError(f"{folder} is not a model folder (no config.json)")
-    files = [p for p in folder.rglob("*") if p.is_file()]
-    size = sum(p.stat().st_size for p in files)
+    files = publishable_files(folder, skip_refused)
+    sizes = {name: path.stat().st_size for name, path in files}
     api = HfApi(endpoint=endpoint, token=token)
     try:
         logger.info(f"creating {repo_id} (if needed)")
-        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        logger.info(f"uploading {len(files)} files ({size / 2**20:.1f} MiB) from {folder} to {repo_id}")
-        info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model", revision=revision,
+        # not private=False: a repository of an organization whose repositories are private by default stays so
+        api.create_repo(repo_id, private=private or None, exist_ok=True, repo_type="model")
+        is_private = bool(api.model_info(repo_id).private)
+        if private and not is_private:
+            logger.warning(f"{repo_id} exists and is public: --private does not change an existing repository")
+        files_text = f"{len(files)} file{'' if len(files) == 1 else 's'} ({sum(sizes.values()) / 2**20:.1f} MiB)"
+        visibility = "a private repository" if is_private else "a public repository (anyone can read it)"
+        logger.info(f"uploading {files_text} from {folder} to {repo_id}, {visibility}:")
+        for name, size in sizes.items():
+            logger.info(f"  {name} ({_size(size)})")
+        operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(path)) for name, path in files]
+        info = api.create_commit(repo_id, operations, repo_type="model", revision=revision,
                                  commit_message=commit_message or f"Upload {folder.name} with hf-ext")
     except HfHubHTTPError as error:
         raise HfExtError(f"push to {repo_id} failed: {str(error).splitlines()[0]}") from None
@@ -63,14 +160,29 @@ def push_folder(folder: str | Path, repo_id: str, token: str | None = None, priv
     return url
 
 
+def _size(size: int) -> str:
+    for unit in ("bytes", "KiB", "MiB"):
+        if size < 1024 or unit == "MiB":
+            return f"{size} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    return ""
+
+
 def install_into_hub_cache(folder: str | Path, repo_id: str, hub_cache: str | Path) -> Path:
     """Lay `folder` out as the cached snapshot of `repo_id` (refs/main -> a 40-hex commit), as a download would."""
+    folder = Path(folder)
     commit = hashlib.sha1(repo_id.encode()).hexdigest()
     repo_dir = Path(hub_cache) / ("models--" + repo_id.replace("/", "--"))
     snapshot = repo_dir / "snapshots" / commit
     if snapshot.exists():
         shutil.rmtree(snapshot)
-    shutil.copytree(folder, snapshot)
+    snapshot.mkdir(parents=True)
+    roots = link_roots(folder)
+    for file in sorted(folder.rglob("*")):
+        if not file.is_dir():
+            target = snapshot / file.relative_to(folder)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            copy_file(checked_link_target(file, roots), target)
     (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
     (repo_dir / "refs" / "main").write_text(commit)
     # Cached "does not exist" entries, as a download records them, so that offline loading neither probes the

@@ -17,7 +17,6 @@ import inspect
 import json
 import logging as pylogging
 import re
-import shutil
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -31,8 +30,9 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.utils import logging
 
 from .errors import HfExtError, load_config, loading
+from .hub import card_data, checked_link_target, link_roots, model_name, write_model_card
 from .models import modules_by_model_type
-from .output import atomic_output_dir, check_output_dir
+from .output import atomic_output_dir, check_output_dir, copy_file
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -150,10 +150,11 @@ def export_onnx(source: str, out: str | Path, task: str | None = None, quantize:
     config = load_config(source, trust_remote_code=trust_remote_code)
     module = exporter_for(config.model_type, source)
     task = resolve_task(module, config, task, source)
+    files = model_files(source)
     plan = module.plan(source, config, task, trust_remote_code)
     model = plan.model.eval()
     started = time.perf_counter()
-    report = {"source": str(source), "model_type": config.model_type, "task": task, "opset": OPSET,
+    report = {"source": model_name(source), "model_type": config.model_type, "task": task, "opset": OPSET,
               "float_tolerance": FLOAT_TOLERANCE, "quantization": quantize, "notes": plan.notes,
               "versions": _versions(), "graphs": []}
     with atomic_output_dir(out, overwrite) as staging:
@@ -175,7 +176,7 @@ def export_onnx(source: str, out: str | Path, task: str | None = None, quantize:
                 logger.info(f"wrote {quantized.name}: max abs error "
                             f"{max(check['max_abs_error'] for check in entry['int8']['checks']):.2e}")
             report["graphs"].append(entry)
-        copy_model_files(source, staging, model)
+        copy_model_files(files, staging, model)
         report["seconds"] = round(time.perf_counter() - started, 1)
         (staging / REPORT_NAME).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
         write_export_card(staging, report)
@@ -298,28 +299,37 @@ def quantize_int8(path: Path, quantized: Path) -> None:
                          op_types_to_quantize=["MatMul", "Gemm"])
 
 
-def copy_model_files(source: str, staging: Path, model: PreTrainedModel) -> None:
-    """The source's config, tokenizer or processor files (subfolders included, e.g. Optimus' decoder tokenizer) and
-    model code: everything but weights, so that the export folder loads its tokenizer and config like the model
-    folder did. A Hub id is read from the local cache."""
+def model_files(source: str) -> list[tuple[Path, Path]]:
+    """`(path in the folder, file to read)` of the source's config, tokenizer or processor files (subfolders included,
+    e.g. Optimus' decoder tokenizer) and model code: everything but weights, which the export folder holds so that it
+    loads its tokenizer and config like the model folder did. A Hub id is read from the local cache. A link is
+    followed only inside the folder or the Hub cache (`hub.checked_link_target`), and checked before any work."""
     folder = Path(source)
     if not folder.is_dir():
         from huggingface_hub import snapshot_download
 
         with loading("the model files", source):
             folder = Path(snapshot_download(source, allow_patterns=[f"*{suffix}" for suffix in COPIED_SUFFIXES]))
+    roots = link_roots(folder)
+    files = []
     for file in sorted(folder.rglob("*")):
         relative = file.relative_to(folder)
         if (file.is_file() and file.suffix in COPIED_SUFFIXES and file.name not in NOT_COPIED
                 and not any(part.startswith(".") for part in relative.parts)):
-            (staging / relative).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(file, staging / relative)
-    model.config.save_pretrained(staging)  # the config the graphs were exported from (options given at load time)
+            files.append((relative, checked_link_target(file, roots)))
+    return files
+
+
+def copy_model_files(files: list[tuple[Path, Path]], staging: Path, model: PreTrainedModel) -> None:
+    """The `model_files` into the export folder, none more open than its source (`output.copy_file`), and the config
+    the graphs were exported from (with the options given at load time)."""
+    for relative, file in files:
+        (staging / relative).parent.mkdir(parents=True, exist_ok=True)
+        copy_file(file, staging / relative)
+    model.config.save_pretrained(staging)
 
 
 def write_export_card(folder: Path, report: dict) -> None:
     """README.md of the export folder: what is in it and the checks, so that a pushed folder shows them."""
-    from .hub import card_data, write_model_card
-
     write_model_card(folder, "onnx", card_data(tags=["onnx", report["model_type"]]), report=report,
                      tolerance=f"{FLOAT_TOLERANCE:g}")

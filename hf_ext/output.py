@@ -90,6 +90,22 @@ def _staging_dir(out: Path, kind: str) -> Path:
                                  dir=out.absolute().parent))
 
 
+# per staging folder, the files copied into it and the mode of their source, which `apply_umask` does not exceed
+_copied_modes: dict[str, dict[str, int]] = {}
+
+
+def copy_file(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Copy the content of `source` to `target` with `source`'s mode, which the commit of a staging folder (see
+    `apply_umask`) never widens: a copy of a private file stays private."""
+    shutil.copyfile(source, target)
+    mode = stat.S_IMODE(os.stat(source).st_mode)
+    os.chmod(target, mode)
+    target = os.path.abspath(target)
+    for staging, modes in _copied_modes.items():
+        if target.startswith(staging + os.sep):
+            modes[target] = mode
+
+
 def current_umask() -> int:
     """The process umask (read without changing it where /proc tells it)."""
     with contextlib.suppress(OSError):
@@ -103,8 +119,10 @@ def current_umask() -> int:
 
 def apply_umask(folder: Path) -> None:
     """Give `folder` and everything in it the modes new files get under the umask: mkdtemp makes the staging
-    folder 700, and some writers create files 600, which would keep a shared model folder private."""
+    folder 700, and some writers create files 600, which would keep a shared model folder private. A file copied
+    with `copy_file` keeps at most its source's mode."""
     mask = current_umask()
+    copied = _copied_modes.get(os.path.abspath(folder), {})
     os.chmod(folder, 0o777 & ~mask)
     for root, dirs, files in os.walk(folder):
         for name in dirs:
@@ -113,7 +131,7 @@ def apply_umask(folder: Path) -> None:
             path = os.path.join(root, name)
             if not os.path.islink(path):
                 executable = os.stat(path).st_mode & stat.S_IXUSR
-                os.chmod(path, (0o777 if executable else 0o666) & ~mask)
+                os.chmod(path, (0o777 if executable else 0o666) & ~mask & copied.get(os.path.abspath(path), 0o777))
 
 
 def _rename_noreplace(source: Path, target: Path) -> None:
@@ -180,6 +198,7 @@ def atomic_output_dir(out: str | os.PathLike, overwrite: bool = False) -> Iterat
     parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(parent)
     staging = _staging_dir(out, "partial")
+    _copied_modes[os.path.abspath(staging)] = {}
     try:
         yield staging
         apply_umask(staging)
@@ -193,3 +212,5 @@ def atomic_output_dir(out: str | os.PathLike, overwrite: bool = False) -> Iterat
             if folder == topmost_created:
                 break
         raise
+    finally:
+        del _copied_modes[os.path.abspath(staging)]

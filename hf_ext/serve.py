@@ -3,17 +3,26 @@
 The apps live with their models: `hf_ext/models/<m>/app.py`, with the model types it serves (`MODEL_TYPES`) and
 `build_app(source, trust_remote_code)`, which imports gradio. What is shared is here: the command, finding the app
 through `MODELS`, the limits on what a request may hold, turning failures into one message in the page (`gr.Error`)
-and launching on a local address with nothing sent anywhere else. Gradio is optional (`pip install 'hf-ext[app]'`).
+and launching on a local address with nothing sent anywhere else: no run history, no uploads, no URL fetched for a
+client, no request from another web origin, and Gradio's temporary files in a private folder removed at the end.
+Gradio is optional (`pip install 'hf-ext[app]'`).
 """
 
 import argparse
+import contextlib
 import functools
 import html
+import inspect
+import ipaddress
 import math
 import os
+import re
+import shutil
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from transformers.utils import logging
@@ -35,6 +44,12 @@ MAX_TEXT_CHARS = 500
 MAX_REQUEST_BYTES = 64 * 1024
 # requests waiting for the model, which answers one at a time (its forward passes share one set of weights and threads)
 MAX_QUEUED = 32
+# Gradio routes the apps never use, answered 404 before Gradio sees them: uploads (the apps take text only), fetching
+# a URL for the client (`file=http...`, `proxy=`), and the run history, which calls the Hub with the serving user's
+# token (Gradio 6.18 and later)
+REFUSED_ROUTE = re.compile(r"(?:/gradio_api)?/(?:upload|upload_progress|proxy=.*|file=[A-Za-z][A-Za-z0-9+.-]*:.*"
+                           r"|runs|run-history(?:/.*)?)/?")
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 
 
 def add_serve_command(commands: argparse._SubParsersAction) -> None:
@@ -81,7 +96,7 @@ def app_module(model_type: str) -> ModuleType:
     return found[model_type]
 
 
-def build_app(source: str, trust_remote_code: bool | None = None) -> "gr.Blocks":
+def build_app(source: str, trust_remote_code: bool = False) -> "gr.Blocks":
     """The `gr.Blocks` app of the model in `source` (a folder or Hub repo id), chosen by its model type."""
     config = load_config(source, trust_remote_code=trust_remote_code)
     return app_module(config.model_type).build_app(source, trust_remote_code)
@@ -89,18 +104,88 @@ def build_app(source: str, trust_remote_code: bool | None = None) -> "gr.Blocks"
 
 def launch(app: "gr.Blocks", host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> str:
     """Start `app` on http://HOST:PORT in a background thread (stop it with `app.close()`), its requests queued and
-    bounded in size, no public share link, no server-side rendering. Returns the local URL."""
+    bounded in size, no public share link, no server-side rendering, no run history, and the routes and origins that
+    `ServedRequests` refuses refused. Returns the local URL."""
     from starlette.middleware import Middleware
 
     app.queue(max_size=MAX_QUEUED, default_concurrency_limit=1)
+    # the run history (Gradio 6.18 and later) records calls and offers to store them on the Hub, with the serving
+    # user's token: off (earlier releases have none, and no such option)
+    history = {"run_history": False} if "run_history" in inspect.signature(app.launch).parameters else {}
     try:
         _, url, _ = app.launch(server_name=host, server_port=port, share=False, prevent_thread_lock=True,
                                quiet=True, ssr_mode=False, mcp_server=False, max_file_size=MAX_REQUEST_BYTES,
-                               app_kwargs={"middleware": [Middleware(RequestSizeLimit,
-                                                                     max_bytes=MAX_REQUEST_BYTES)]})
+                               app_kwargs={"middleware": [Middleware(ServedRequests, host=host),
+                                                          Middleware(RequestSizeLimit, max_bytes=MAX_REQUEST_BYTES)]},
+                               **history)
     except OSError as error:
         raise HfExtError(f"cannot listen on {host}:{port}: {one_line(error)}") from None
     return url
+
+
+@contextlib.contextmanager
+def private_gradio_cache() -> Iterator[Path]:
+    """Gradio's temporary files (`GRADIO_TEMP_DIR`, read when an app is built and launched) in a folder of this run's
+    own, which only this user can read, removed on the way out: nothing is left in the shared /tmp/gradio."""
+    folder = Path(tempfile.mkdtemp(prefix="hf-ext-serve-"))
+    previous = os.environ.get("GRADIO_TEMP_DIR")
+    os.environ["GRADIO_TEMP_DIR"] = str(folder)
+    try:
+        yield folder
+    finally:
+        if previous is None:
+            os.environ.pop("GRADIO_TEMP_DIR", None)
+        else:
+            os.environ["GRADIO_TEMP_DIR"] = previous
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _hostname(host: str) -> str:
+    """The name in a Host header, without its port ("[::1]:7860" -> "::1")."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class ServedRequests:
+    """ASGI middleware deciding what reaches the app, before Gradio (and its permissive CORS answers) sees it:
+
+    - 403 for a request from a page of another web origin (its `Origin` is not this server's own address): only the
+      app's own page may call it, whatever address it listens on;
+    - 421 for a request naming another host while the app listens on a loopback address, as a page of a domain that
+      resolves to 127.0.0.1 would (DNS rebinding);
+    - 404 for the Gradio routes the apps never use (`REFUSED_ROUTE`).
+    Clients without an `Origin` header (scripts, `gradio_client`) are not web pages and pass."""
+
+    def __init__(self, app: Callable, host: str) -> None:
+        self.app = app
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        self.host_names = (*LOOPBACK_NAMES, host.lower()) if loopback else None
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        host = headers.get(b"host", b"").decode("latin-1")
+        origin = headers.get(b"origin")
+        if self.host_names is not None and _hostname(host) not in self.host_names:
+            status, reason = 421, f"this app answers requests to {self.host_names[0]} only"
+        elif origin is not None and origin.decode("latin-1").lower() not in (f"http://{host}".lower(),
+                                                                             f"https://{host}".lower()):
+            status, reason = 403, "requests from other web origins are refused"
+        elif REFUSED_ROUTE.fullmatch(scope["path"]):
+            status, reason = 404, "not served by hf-ext serve"
+        else:
+            return await self.app(scope, receive, send)
+        if scope["type"] == "websocket":
+            return await send({"type": "websocket.close", "code": 1008})
+        from starlette.responses import PlainTextResponse
+
+        return await PlainTextResponse(reason, status_code=status)(scope, receive, send)
 
 
 class RequestSizeLimit:
@@ -179,19 +264,21 @@ def checked_float(value: float | int | None, what: str, low: float, high: float)
 
 
 def _run_serve(args: argparse.Namespace) -> None:
-    app = build_app(args.model, args.trust_remote_code or None)
-    url = launch(app, args.host, args.port)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        logger.warning(f"listening on {args.host}: anyone who can reach this machine can use the app")
-    print(f"hf-ext serve: {args.model} on {url} (API names: {url}?view=api); Ctrl-C stops it", flush=True)
-    try:
-        while True:
-            time.sleep(1)
-    except KeyboardInterrupt:
-        print("hf-ext serve: stopped", flush=True)
-    finally:
-        app.close()
+    with private_gradio_cache():
+        app = build_app(args.model, args.trust_remote_code)
+        url = launch(app, args.host, args.port)
+        if args.host not in LOOPBACK_NAMES:
+            logger.warning(f"listening on {args.host}: anyone who can reach this machine can use the app")
+        print(f"hf-ext serve: {args.model} on {url} (API names: {url}?view=api); Ctrl-C stops it", flush=True)
+        try:
+            while True:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            print("hf-ext serve: stopped", flush=True)
+        finally:
+            app.close()
 
 
-__all__ = ["APP_EXTRA", "MAX_REQUEST_BYTES", "MAX_TEXT_CHARS", "add_serve_command", "app_module", "apps", "build_app",
-           "checked_float", "checked_int", "checked_text", "launch", "require_gradio", "user_errors"]
+__all__ = ["APP_EXTRA", "MAX_REQUEST_BYTES", "MAX_TEXT_CHARS", "ServedRequests", "add_serve_command", "app_module",
+           "apps", "build_app", "checked_float", "checked_int", "checked_text", "launch", "private_gradio_cache",
+           "require_gradio", "user_errors"]

@@ -1,11 +1,16 @@
-"""Reading the text data files that training commands take (GLUE TSVs, JSON lines, plain text), with one clear
-`HfExtError` line for a file that is missing, not UTF-8 or not JSON where JSON is expected."""
+"""Reading the text data files that training commands take (GLUE TSVs, JSON lines, plain text, YAML settings), with
+one clear `HfExtError` line for a file that is missing, not UTF-8 or not JSON where JSON is expected, and a YAML
+loader that refuses alias bombs."""
 
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import yaml
+
 from .errors import HfExtError
+
+MAX_ALIAS_VALUES = 100_000  # values that aliases may add to a YAML document: far above what a settings file needs
 
 
 def read_lines(path: str | Path, what: str) -> list[str]:
@@ -32,3 +37,36 @@ def json_lines(path: str | Path, what: str) -> Iterator[tuple[str, object]]:
             yield where, json.loads(line)
         except json.JSONDecodeError as error:
             raise HfExtError(f"{where}: not JSON ({error.msg})") from None
+
+
+class BoundedYamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader refusing a document whose aliases expand it by more than `MAX_ALIAS_VALUES` values or
+    refer to a node that holds them, and one nested too deeply to parse. An alias stands for an earlier node, so a
+    few lines of nested aliases stand for billions of values (the "billion laughs"), which anything that walks the
+    result would expand: an error message quoting it, for one. Measured on the composed nodes, before any Python
+    object is built. Use as `yaml.load(text, Loader=BoundedYamlLoader)`."""
+
+    def get_single_node(self) -> yaml.Node | None:
+        try:
+            node = super().get_single_node()
+        except RecursionError:
+            raise yaml.YAMLError("the document is nested too deeply") from None
+        sizes: dict[int, int] = {}
+        if node is not None and expanded_values(node, sizes, set()) - len(sizes) > MAX_ALIAS_VALUES:
+            raise yaml.YAMLError(f"its aliases expand it by more than {MAX_ALIAS_VALUES} values (an alias bomb)")
+        return node
+
+
+def expanded_values(node: yaml.Node, sizes: dict[int, int], walking: set[int]) -> int:
+    """How many values `node` stands for with its aliases expanded, counting each node once (`sizes` keeps the count
+    of the nodes met so far, so an alias costs nothing however often it repeats); a `yaml.YAMLError` for an alias
+    inside the node it names (`walking` holds the nodes being counted)."""
+    if id(node) in walking:
+        raise yaml.composer.ComposerError(None, None, "an alias refers to a node that holds it", node.start_mark)
+    if id(node) not in sizes:
+        walking.add(id(node))
+        children = [child for pair in node.value for child in pair] if isinstance(node, yaml.MappingNode) else \
+            node.value if isinstance(node, yaml.SequenceNode) else []
+        sizes[id(node)] = 1 + sum(expanded_values(child, sizes, walking) for child in children)
+        walking.discard(id(node))
+    return sizes[id(node)]

@@ -217,9 +217,10 @@ def mtdnn_sample_folder(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def running_app(folder, page_load_js: str | None = None):
-    """`hf-ext serve`'s app of `folder` on a free loopback port, in a background thread: yields its URL; closed on
-    the way out. `page_load_js`: a JavaScript function the page runs once gradio has mounted every component."""
+def running_app(folder, page_load_js: str | None = None, host: str = "127.0.0.1"):
+    """`hf-ext serve`'s app of `folder` on a free port of `host` (a loopback address), in a background thread: yields
+    its URL; closed on the way out. `page_load_js`: a JavaScript function the page runs once gradio has mounted every
+    component."""
     from hf_ext import serve
 
     require_extra("app", "gradio")
@@ -227,7 +228,7 @@ def running_app(folder, page_load_js: str | None = None):
     if page_load_js is not None:
         with app:
             app.load(None, js=page_load_js)
-    url = serve.launch(app, "127.0.0.1", free_port())
+    url = serve.launch(app, host, free_port())
     try:
         yield url
     finally:

@@ -36,15 +36,16 @@ ROUTES = {  # (method, path pattern) -> handler name
 
 
 class HubError(Exception):
-    def __init__(self, status, message, code=None, commit=None):
+    def __init__(self, status, message, code=None, commit=None, **payload):
         super().__init__(message)
-        self.status, self.code, self.commit = status, code, commit
+        self.status, self.code, self.commit, self.payload = status, code, commit, payload
 
 
 @dataclass
 class Repo:
     commits: dict = field(default_factory=dict)  # commit id -> {path: bytes}
     main: str | None = None  # commit id of the main branch
+    private: bool = False  # as created; an existing repository keeps it
 
     def snapshot(self, revision):
         revision = unquote(revision)
@@ -93,8 +94,9 @@ class MockHub(ThreadingHTTPServer):
     def create_repo(self, body, **_):
         repo_id = f"{body['organization']}/{body['name']}" if body.get("organization") else f"{USER}/{body['name']}"
         if repo_id in self.repos:
-            raise HubError(409, f"You already created this model repo: {repo_id}")
-        repo = self.repos[repo_id] = Repo()
+            raise HubError(409, f"You already created this model repo: {repo_id}", url=f"{self.endpoint}/{repo_id}")
+        # huggingface_hub sends `visibility` (1.x) or `private` (earlier)
+        repo = self.repos[repo_id] = Repo(private=bool(body.get("private")) or body.get("visibility") == "private")
         repo.main = _commit_id(repo_id, "initial", {})
         repo.commits[repo.main] = {}
         return 200, {"url": f"{self.endpoint}/{repo_id}", "name": repo_id}
@@ -153,7 +155,7 @@ class MockHub(ThreadingHTTPServer):
 
     def model_info(self, repo, rev=None, **_):
         commit, files = self.repo(repo).snapshot(rev or "main")
-        return 200, {"id": repo, "modelId": repo, "sha": commit, "private": False, "tags": [],
+        return 200, {"id": repo, "modelId": repo, "sha": commit, "private": self.repos[repo].private, "tags": [],
                      "siblings": [{"rfilename": path} for path in sorted(files)]}
 
     def tree(self, repo, rev, query, path="", **_):
@@ -236,7 +238,7 @@ class _Handler(BaseHTTPRequestHandler):
             headers = {"X-Error-Code": error.code} if error.code else {}
             if error.commit:
                 headers["X-Repo-Commit"] = error.commit
-            return self._send(error.status, {"error": str(error)}, headers)
+            return self._send(error.status, {"error": str(error), **error.payload}, headers)
         self._send(*result)
 
     def _body(self):

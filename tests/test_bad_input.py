@@ -288,6 +288,14 @@ ERNIE_CASES = {
 }
 
 
+def alias_bomb(levels=6, width=9):
+    """A YAML flow list of nested aliases: `levels` anchors, each `width` aliases of the one before (9 ** 6 strings in
+    a few hundred bytes)."""
+    anchors = ["&a0 [" + ", ".join(["lol"] * width) + "]"]
+    anchors += [f"&a{level} [" + ", ".join([f"*a{level - 1}"] * width) + "]" for level in range(1, levels)]
+    return "[" + ", ".join(anchors) + "]"
+
+
 # ----- MT-DNN ------------------------------------------------------------------------------------------------------
 
 def mtdnn_checkpoint(tmp, change_state=None, **options):
@@ -335,6 +343,10 @@ MTDNN_CASES = {
                         1, "int64 values"),
     "malformed task definitions": (lambda tmp: ((tmp / "t.yml").write_text("mnli: [\n"),
                                                 mtdnn(tmp, "--task-def", tmp / "t.yml"))[1], 1, "malformed"),
+    "alias bomb in the task definitions": (lambda tmp: (written(tmp / "t.yml", "sst:\n  task_type: Classification\n"
+                                                                f"  n_class: 2\n  labels: {alias_bomb()}\n"),
+                                                        mtdnn(tmp, "--task-def", tmp / "t.yml"))[1], 1,
+                                           "its aliases expand it by more than 100000 values (an alias bomb)"),
     "corrupt reference": (lambda tmp: (random_bytes(tmp / "r.safetensors"),
                                        mtdnn(tmp, "--reference", tmp / "r.safetensors"))[1], 1,
                           "not a readable safetensors file"),
@@ -482,6 +494,80 @@ COMMAND_CASES = {
                                       "argument --warmup: must be in [0, 1)"),
 }
 
+# ----- security (docs/security.md): remote code, what push publishes, tokens -------------------------------------
+
+TOKEN = "hf_" + "Ab1" * 11 + "Z"  # shaped like a Hub token
+
+
+def foreign_code(tmp):
+    """A folder whose config needs its own code (`auto_map`), which would leave PAYLOAD_RAN if it ran."""
+    folder = tmp / "foreign"
+    folder.mkdir()
+    (folder / "configuration_foreign.py").write_text(
+        f"from pathlib import Path\nPath({str(tmp / 'PAYLOAD_RAN')!r}).touch()\n")
+    (folder / "config.json").write_text(json.dumps({"model_type": "foreign-net", "auto_map": {
+        "AutoConfig": "configuration_foreign.ForeignConfig", "AutoModel": "modeling_foreign.ForeignModel"}}))
+    return folder
+
+
+def folder_with(tmp, name, make):
+    """A model folder (a config.json) holding `name`, made by `make(path)`."""
+    folder = tmp / "model"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    make(folder / name)
+    return folder
+
+
+def link_to_a_key(tmp):
+    return lambda path: path.symlink_to(written(tmp / "id_rsa", "not a real key"))
+
+
+def export_linking_out(tmp, m):
+    folder = damaged_copy(m["ernie"], tmp, lambda f: (f / "vocab.txt").unlink())
+    (folder / "vocab.txt").symlink_to(written(tmp / "id_rsa", "not a real key"))
+    return ["export", "onnx", folder, tmp / "out"]
+
+
+SECURITY_CASES = {
+    "optimus encode of a folder with its own code": (
+        lambda tmp, m: ["optimus", "encode", foreign_code(tmp), "a dog"], 1, "only with --trust-remote-code"),
+    "halting map of a folder with its own code": (
+        lambda tmp, m: ["universal-transformer", "halting-map", foreign_code(tmp), "1", tmp / "out.png"], 1,
+        "only with --trust-remote-code"),
+    "serve a folder with its own code": (lambda tmp, m: ["serve", foreign_code(tmp)], 1,
+                                         "only with --trust-remote-code"),
+    "export a folder with its own code": (lambda tmp, m: ["export", "onnx", foreign_code(tmp), tmp / "out"], 1,
+                                          "only with --trust-remote-code"),
+    "ernie finetune of a folder with its own code": (lambda tmp, m: [
+        "ernie2", "finetune", foreign_code(tmp), "--task", "MRPC", "--train-file", GLUE / "MRPC" / "train.tsv",
+        "--output-dir", tmp / "out"], 1, "only with --trust-remote-code"),
+    "mtdnn train from a folder with its own code": (lambda tmp, m: [
+        "mtdnn", "train", foreign_code(tmp), "--train", "a=b.tsv", "--output-dir", tmp / "out"], 1,
+        "only with --trust-remote-code"),
+    "push a link leading out of the folder": (
+        lambda tmp, m: ["push", folder_with(tmp, "notes.txt", link_to_a_key(tmp)), "org/model"], 1,
+        "notes.txt (a link leading out of the folder)"),
+    "push a hidden file": (lambda tmp, m: ["push", folder_with(tmp, ".env", lambda p: p.write_text("HF_TOKEN=x")),
+                                           "org/model"], 1, ".env (hidden)"),
+    "push a FIFO": (lambda tmp, m: ["push", folder_with(tmp, "pipe", os.mkfifo), "org/model"], 1,
+                    "pipe (not a regular file)"),
+    "export a folder whose vocabulary links out of it": (export_linking_out, 1, "is a link leading out of the folder"),
+    "token with a line ending": (lambda tmp, m: ["push", tmp, "org/model", "--token", TOKEN + "\r\n"], 2,
+                                 "argument --token: the token holds whitespace or a control character"),
+    "token of a converter with a line ending": (lambda tmp, m: [
+        "convert", "universal-transformer", UT, tmp / "out", "--push-to-hub", "org/model", "--token", TOKEN + "\r"],
+        2, "argument --token: the token holds whitespace or a control character"),
+    "mistyped token option": (lambda tmp, m: ["push", tmp, "org/model", "--tokn", TOKEN], 2,
+                              "unrecognized arguments: --tokn hf_***"),
+    "alias bomb in a pre-training schedule": (lambda tmp, m: [
+        "ernie2", "pretrain", m["ernie"], "--stages", written(tmp / "stages.yml", "stages:\n  - steps: "
+                                                              f"{{knowledge_masking: {alias_bomb()}}}\n"),
+        "--documents", written(tmp / "docs.txt", "A sentence.\n"), "--output-dir", tmp / "out"], 1,
+        "its aliases expand it by more than 100000 values (an alias bomb)"),
+}
+COMMAND_CASES.update(SECURITY_CASES)
+
 CASES = [pytest.param(build, code, message, id=f"{group}: {name}")
          for group, cases in (("optimus", OPTIMUS_CASES), ("ernie2", ERNIE_CASES), ("mtdnn", MTDNN_CASES),
                               ("universal-transformer", UT_CASES), ("output", OUTPUT_CASES))
@@ -530,6 +616,7 @@ def test_bad_command_input_gives_one_line_and_writes_nothing(build, expected_cod
     code, err = run(argv, capsys)
     assert_refused(tmp_path, code, err, expected_code, message)
     assert not (tmp_path / "out.png").exists()
+    assert TOKEN not in err
 
 
 def test_an_unexpected_exception_is_one_line_and_a_traceback_with_hf_ext_debug(capsys, monkeypatch):

@@ -28,6 +28,7 @@ def ernie_folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def exported(ernie_folder, tmp_path_factory):
     out = tmp_path_factory.mktemp("ernie_onnx") / "onnx"
+    (ernie_folder / "tokenizer_config.json").chmod(0o600)  # a private file: its copy must stay private
     assert cli_exit_code(["export", "onnx", ernie_folder, out, "--quantize", "int8"]) == 0
     return out
 
@@ -47,6 +48,10 @@ def test_folder_holds_graphs_report_card_and_tokenizer(exported, ernie_folder):
     assert all(1e-4 < check["max_abs_error"] < 1.0 for check in graph["int8"]["checks"])
     card = (exported / "README.md").read_text()
     assert "`model.onnx`" in card and "`model_int8.onnx`" in card and "task_type_ids" in card
+    # published files name the model by its folder's name, not by a local path
+    assert report["source"] == ernie_folder.name and "from `converted`" in card
+    assert str(ernie_folder.parent) not in card + (exported / "onnx_export.json").read_text()
+    assert (exported / "tokenizer_config.json").stat().st_mode & 0o777 == 0o600
     from transformers import AutoTokenizer
 
     tokens = AutoTokenizer.from_pretrained(exported)("hello world")["input_ids"]

@@ -82,14 +82,18 @@ def test_failures_become_one_escaped_message():
 
 @pytest.fixture
 def local_network_only(monkeypatch):
-    """Record (and refuse) every connection or name lookup that is not for this machine's loopback address."""
+    """Record (and refuse) every connection or name lookup that is not for this machine's loopback addresses."""
+    import ipaddress
     import socket
 
     attempts = []
     lookup, connect = socket.getaddrinfo, socket.socket.connect
 
     def local(host):
-        return str(host) in ("127.0.0.1", "localhost", "::1", "None")
+        try:
+            return str(host) in ("localhost", "None") or ipaddress.ip_address(str(host)).is_loopback
+        except ValueError:
+            return False
 
     def checked_lookup(host, *args, **kwargs):
         if not local(host):
@@ -130,6 +134,45 @@ def test_the_app_reaches_nothing_but_its_own_address(mtdnn_sample_folder, local_
     assert local_network_only == []
 
 
+TOKEN = "hf_" + "Ab1" * 11 + "Z"  # shaped like a Hub token
+
+
+def test_the_app_serves_no_upload_url_fetch_run_history_or_other_origin(mtdnn_sample_folder, local_network_only,
+                                                                       monkeypatch):
+    """What `hf-ext serve` exposes besides the app's functions: nothing. On 127.0.0.2, an address Gradio does not
+    take for a local one, so that it answers every web origin, as on --host 0.0.0.0; the serving user's token is in
+    HF_TOKEN, where Gradio's run history would find it."""
+    require_extra("app", "gradio")
+    import httpx
+
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    with running_app(mtdnn_sample_folder, host="127.0.0.2") as url:
+        origin = url.rstrip("/")
+        refused = {
+            "run history": httpx.get(f"{url}gradio_api/runs"),
+            "run history buckets (with the token)": httpx.get(f"{url}gradio_api/run-history/buckets"),
+            "upload": httpx.post(f"{url}gradio_api/upload", files={"files": ("a.txt", b"kept after the app stops")}),
+            "URL fetched for the client": httpx.get(f"{url}gradio_api/file=http://example.com/x"),
+            "proxied URL": httpx.get(f"{url}gradio_api/proxy=http://example.com/x"),
+        }
+        assert {name: response.status_code for name, response in refused.items()} == dict.fromkeys(refused, 404)
+        other_origin = httpx.post(f"{url}gradio_api/call/predict", json={"data": ["a man .", ""]},
+                                  headers={"Origin": "http://evil.example"})
+        assert (other_origin.status_code, other_origin.text) == (403, "requests from other web origins are refused")
+        rebound = httpx.get(url, headers={"Host": f"evil.example:{url.split(':')[-1]}"})  # DNS rebinding
+        assert rebound.status_code == 421
+        own_origin = httpx.post(f"{url}gradio_api/call/predict", json={"data": ["a man .", ""]},
+                                headers={"Origin": origin})
+        assert own_origin.status_code == 200 and own_origin.headers.get("access-control-allow-origin") in (None,
+                                                                                                           origin)
+        page, config = httpx.get(url), httpx.get(f"{url}config")
+        assert page.status_code == config.status_code == 200
+        assert "MT-DNN: model" in page.text  # the folder's name
+        for response in (*refused.values(), other_origin, rebound, own_origin, page, config):
+            assert TOKEN not in response.text and str(mtdnn_sample_folder) not in response.text
+    assert local_network_only == []
+
+
 def test_a_port_in_use_is_one_line(mtdnn_sample_folder):
     import socket
 
@@ -151,8 +194,10 @@ def test_the_command_serves_a_hub_id_offline_until_ctrl_c(mtdnn_sample_folder, t
     install_into_hub_cache(mtdnn_sample_folder, "some-org/mtdnn-tiny", tmp_path / "home" / "hub")
     port = free_port()
     env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_"))}
+    (tmp_path / "tmp").mkdir()
     env.update(PYTHONPATH=str(REPO_ROOT), HF_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1",
-               HF_ENDPOINT="http://127.0.0.1:9", OMP_NUM_THREADS="1")  # nothing listens at the endpoint
+               HF_ENDPOINT="http://127.0.0.1:9", OMP_NUM_THREADS="1",  # nothing listens at the endpoint
+               TMPDIR=str(tmp_path / "tmp"))  # where Gradio keeps its files unless told otherwise
     server = subprocess.Popen([sys.executable, "-m", "hf_ext.cli", "serve", "some-org/mtdnn-tiny", "--port",
                                str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -161,6 +206,11 @@ def test_the_command_serves_a_hub_id_offline_until_ctrl_c(mtdnn_sample_folder, t
         assert first_line.startswith(f"hf-ext serve: some-org/mtdnn-tiny on {url} "), server.stderr.read()
         predictions = local_client(url).predict("a man .", "a woman .", api_name="/predict")
         assert set(predictions) == {"sst", "nli", "sts"}
+        import httpx
+
+        upload = httpx.post(f"{url}gradio_api/upload", files={"files": ("a.txt", b"kept after the app stops")})
+        assert upload.status_code == 404
+        assert "some-org/mtdnn-tiny" in httpx.get(url).text
         server.send_signal(signal.SIGINT)
         out, err = server.communicate(timeout=30)
     finally:
@@ -168,3 +218,4 @@ def test_the_command_serves_a_hub_id_offline_until_ctrl_c(mtdnn_sample_folder, t
             server.kill()
     assert server.returncode == 0, err
     assert "hf-ext serve: stopped" in out.splitlines()
+    assert list((tmp_path / "tmp").iterdir()) == []  # no cache left behind

@@ -111,7 +111,7 @@ def _tokenizer(args):
     from ...errors import HfExtError
 
     try:
-        return AutoTokenizer.from_pretrained(args.model, trust_remote_code=args.trust_remote_code or None)
+        return AutoTokenizer.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
     except (OSError, ValueError) as error:
         raise HfExtError(f"cannot load the tokenizer of {args.model}: {str(error).splitlines()[0]}") from None
 
@@ -134,7 +134,7 @@ def _pretrain(args):
     settings = {"max_reorder_segments": args.max_reorder_segments,
                 "num_discourse_relations": args.num_discourse_relations}
     model = load_pretraining_model(args.model, {k: v for k, v in settings.items() if v is not None},
-                                   trust_remote_code=args.trust_remote_code or None)
+                                   trust_remote_code=args.trust_remote_code)
     config = model.config
     require(args.max_length <= config.max_position_embeddings,
             f"--max-length {args.max_length} exceeds the model's {config.max_position_embeddings} positions")
@@ -171,7 +171,7 @@ def _export(args):
 
     check_output_dir(args.out, args.overwrite)
     load_config(args.model, Ernie2ForPreTraining.config_class.model_type, "an ERNIE 2.0 pre-training model",
-                args.trust_remote_code or None)
+                args.trust_remote_code)
     with loading("an ERNIE 2.0 pre-training model", args.model):
         model = Ernie2ForPreTraining.from_pretrained(args.model)
     with atomic_output_dir(args.out, args.overwrite) as staging:
@@ -194,6 +194,6 @@ def _finetune(args):
                                        eval_strategy="no")
         trainer, metrics = finetune_glue(args.model, args.task, args.train_file, training_args,
                                          eval_file=args.eval_file, task_id=args.task_id, max_length=args.max_length,
-                                         log_to_stderr=True, trust_remote_code=args.trust_remote_code or None)
+                                         log_to_stderr=True, trust_remote_code=args.trust_remote_code)
         trainer.save_model(staging)
     print_summary(args.output_dir, **metrics)

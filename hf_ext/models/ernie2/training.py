@@ -36,10 +36,11 @@ from transformers import (
 )
 from transformers.utils import ModelOutput, logging
 
-from ...errors import HfExtError
+from ...errors import HfExtError, quoted
 from ...glue import GLUE_LAYOUTS, glue_task, glue_task_spec, read_glue_tsv
 from ...metrics import load_metric
 from ...output import atomic_output_dir
+from ...text_files import BoundedYamlLoader
 from ...trainer import TermLoggingTrainer, last_complete_checkpoint, send_logs_to_stderr
 from . import PRETRAINING_TASKS, Ernie2ForPreTraining
 from .configuration_ernie2 import validate_ernie_encoder
@@ -102,7 +103,7 @@ class ContinualSchedule:
                                  f"{', '.join(PRETRAINING_TASKS)})")
             for task, steps in stage["steps"].items():
                 if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-                    raise HfExtError(f"{here}: the steps of {task} must be a positive integer, got {steps!r}")
+                    raise HfExtError(f"{here}: the steps of {task} must be a positive integer, got {quoted(steps)}")
             name = stage.get("name")
             if name is not None and not isinstance(name, str):
                 raise HfExtError(f"{here}: name must be a string")
@@ -111,14 +112,14 @@ class ContinualSchedule:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "ContinualSchedule":
-        """A schedule from a YAML or JSON file (JSON is YAML)."""
+        """A schedule from a YAML or JSON file (JSON is YAML); an alias bomb is refused (`BoundedYamlLoader`)."""
         import yaml
 
         path = Path(path)
         if not path.is_file():
             raise HfExtError(f"schedule file {path} does not exist")
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            data = yaml.load(path.read_text(encoding="utf-8"), Loader=BoundedYamlLoader)
         except (yaml.YAMLError, UnicodeDecodeError) as error:
             raise HfExtError(f"schedule file {path} is not YAML/JSON: {str(error).splitlines()[0]}") from None
         return cls.from_dict(data, str(path))
@@ -399,7 +400,7 @@ def glue_metrics(task: str) -> Callable[[EvalPrediction], dict[str, float]]:
 def finetune_glue(model_name_or_path: str | Path, task: str, train_file: str | Path, args: TrainingArguments,
                   eval_file: str | Path | None = None, task_id: int = 0, max_length: int = 128,
                   callbacks: list[TrainerCallback] | None = None, log_to_stderr: bool = False,
-                  trust_remote_code: bool | None = None) -> tuple[Trainer, dict[str, float]]:
+                  trust_remote_code: bool = False) -> tuple[Trainer, dict[str, float]]:
     """Fine-tune a plain `ernie` folder (converted, or exported from pre-training) on a GLUE task with `Trainer` and
     transformers' `ErnieForSequenceClassification`, feeding `task_id` as every token's task id. Returns the trainer
     (`trainer.save_model(folder)` saves the model and tokenizer) and the metrics of `eval_file` (`eval_<metric>`)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...errors import load_config, load_tokenizer, loading
+from ...hub import model_name
 from ...serve import MAX_TEXT_CHARS, checked_text, user_errors
 from . import MTDNNConfig
 from .configuration_mtdnn import PAIR_FORMATS
@@ -77,7 +78,7 @@ class MTDNNApp:
         return views
 
 
-def build_app(source: str, trust_remote_code: bool | None = None) -> "gr.Blocks":
+def build_app(source: str, trust_remote_code: bool = False) -> "gr.Blocks":
     """The multi-task predictor of the MT-DNN model in `source` (a folder or Hub repo id)."""
     import gradio as gr
     from transformers import AutoModel
@@ -90,8 +91,9 @@ def build_app(source: str, trust_remote_code: bool | None = None) -> "gr.Blocks"
     tasks = model.config.tasks
     task_names = [task["name"] for task in tasks]
 
-    with gr.Blocks(title=f"MT-DNN: {source}", analytics_enabled=False) as blocks:
-        gr.Markdown(f"# MT-DNN: every task head\n`{source}`: {len(tasks)} tasks. Tasks that read a pair need the "
+    name = model_name(source)  # a repo id or the folder's own name, not a local path
+    with gr.Blocks(title=f"MT-DNN: {name}", analytics_enabled=False) as blocks:
+        gr.Markdown(f"# MT-DNN: every task head\n`{name}`: {len(tasks)} tasks. Tasks that read a pair need the "
                     "second sentence; single-sentence tasks read the first alone.")
         with gr.Row():
             sentence = gr.Textbox(label="sentence", elem_id="sentence", max_length=MAX_TEXT_CHARS, lines=1)

@@ -132,7 +132,7 @@ def _load_model(args, tasks):
     from ...errors import HfExtError, load_config, loading
     from . import MTDNNConfig, MTDNNModel
 
-    trust = args.trust_remote_code or None
+    trust = args.trust_remote_code
     if args.task_def is None:
         load_config(args.model, MTDNNConfig.model_type, "an MT-DNN model", trust,
                     hint=" (pass --task-def to put new heads on a BERT encoder)")
@@ -156,7 +156,7 @@ def _load_tokenizer(args):
 
     source = args.tokenizer or args.model
     try:
-        return AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code or None)
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code)
     except (OSError, ValueError):
         hint = "" if args.tokenizer else " (pass --tokenizer)"
         raise HfExtError(f".tsv data needs a tokenizer, none loads from {source}{hint}") from None
@@ -170,7 +170,7 @@ def _load_teachers(args, tasks):
     teachers = []
     for source in args.teacher:
         with loading("a teacher model", source):
-            teacher = AutoModel.from_pretrained(source, trust_remote_code=args.trust_remote_code or None)
+            teacher = AutoModel.from_pretrained(source, trust_remote_code=args.trust_remote_code)
         missing = [task for task in tasks if task not in getattr(teacher.config, "task_names", [])]
         require(not missing, f"teacher {source} has no task {', '.join(missing)}")
         teachers.append(teacher)

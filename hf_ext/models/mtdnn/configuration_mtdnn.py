@@ -4,9 +4,11 @@ import math
 import numbers
 import os
 import re
+import reprlib
 from collections.abc import Mapping
 from typing import Any
 
+import yaml
 from torch import nn
 from transformers import BertConfig, PretrainedConfig
 
@@ -34,6 +36,13 @@ TASK_KEYS = ("name", "type", "num_labels", "head", "dropout", "data_format", "la
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 ENCODER_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                  "max_position_embeddings", "type_vocab_size")
+
+# Copied from hf_ext.errors (remote code imports only torch, transformers and its own folder)
+MAX_QUOTED_CHARS = 60  # of a user value quoted in an error message
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxstring, _SHORT_REPR.maxother = 3, MAX_QUOTED_CHARS, MAX_QUOTED_CHARS
+# Copied from hf_ext.text_files
+MAX_ALIAS_VALUES = 100_000  # values that aliases may add to a YAML document: far above what a settings file needs
 
 
 class MTDNNConfig(PretrainedConfig):
@@ -86,7 +95,7 @@ class MTDNNConfig(PretrainedConfig):
         if duplicates:
             raise ValueError(f"task names must be unique, {', '.join(duplicates)} appear more than once")
         if self.default_task is not None and self.default_task not in names:
-            raise ValueError(f"default_task {self.default_task!r} is not one of the tasks ({', '.join(names)})")
+            raise ValueError(f"default_task {quoted(self.default_task)} is not one of the tasks ({', '.join(names)})")
 
     def get_text_config(self, decoder: bool | None = None, encoder: bool | None = None) -> BertConfig:
         """The BERT encoder's config, for both ends: it holds the vocabulary, so that `resize_token_embeddings`
@@ -106,7 +115,8 @@ class MTDNNConfig(PretrainedConfig):
                 raise ValueError(f"task index {task} is out of range: the model has {len(self.tasks)} tasks")
             return int(task)
         if task not in self.task_names:
-            raise ValueError(f"unknown task {task!r}; the model's tasks are {', '.join(self.task_names) or 'none'}")
+            raise ValueError(f"unknown task {quoted(task)}; the model's tasks are "
+                             f"{', '.join(self.task_names) or 'none'}")
         return self.task_names.index(task)
 
     def task(self, task: str | int) -> dict[str, Any]:
@@ -148,8 +158,6 @@ class MTDNNConfig(PretrainedConfig):
                            task_names: list[str] | None = None, san: dict[str, Any] | None = None,
                            group_sizes: Mapping[str, int] | None = None, **kwargs: Any) -> "MTDNNConfig":
         """`from_task_defs` on a task-definition YAML file (the original's `glue_task_def.yml` format) or its text."""
-        import yaml
-
         text = path_or_text
         if isinstance(path_or_text, os.PathLike) or "\n" not in str(path_or_text):
             try:
@@ -158,7 +166,7 @@ class MTDNNConfig(PretrainedConfig):
             except OSError as error:
                 raise ValueError(f"cannot read the task-definition file {path_or_text}: {error.strerror}") from None
         try:
-            task_defs = yaml.safe_load(text)
+            task_defs = yaml.load(text, Loader=BoundedYamlLoader)
         except yaml.YAMLError as error:
             where = getattr(error, "problem_mark", None)
             line = f" at line {where.line + 1}" if where is not None else ""
@@ -180,7 +188,7 @@ def task_from_original(name: str, definition: dict[str, Any], san: dict[str, Any
         raise ValueError(f"task {name}: the task definition lacks {' and '.join(missing)}")
     original_type = definition["task_type"]
     if original_type not in ORIGINAL_TASK_TYPES:
-        raise ValueError(f"task {name}: task_type {original_type!r} is not supported "
+        raise ValueError(f"task {name}: task_type {quoted(original_type)} is not supported "
                          f"(supported: {', '.join(ORIGINAL_TASK_TYPES)})")
     task_type = ORIGINAL_TASK_TYPES[original_type]
     loss = definition.get("loss")
@@ -189,7 +197,7 @@ def task_from_original(name: str, definition: dict[str, Any], san: dict[str, Any
                          f"(the port computes {ORIGINAL_LOSSES[task_type]})")
     enable_san = definition.get("enable_san", False)
     if not isinstance(enable_san, bool):
-        raise ValueError(f"task {name}: enable_san must be true or false, got {enable_san!r}")
+        raise ValueError(f"task {name}: enable_san must be true or false, got {quoted(enable_san)}")
     task = {
         "name": name,
         "type": task_type,
@@ -216,7 +224,7 @@ def normalize_task(task: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"each task must be a dict, got {type(task).__name__}")
     name = task.get("name")
     if not isinstance(name, str) or not TASK_NAME.fullmatch(name) or hasattr(nn.ModuleDict, name):
-        raise ValueError(f"task name {name!r} is not valid (letters, digits, '-' and '_', not a Python attribute "
+        raise ValueError(f"task name {quoted(name)} is not valid (letters, digits, '-' and '_', not a Python attribute "
                          "of nn.ModuleDict)")
     unknown = sorted(set(task) - set(TASK_KEYS))
     if unknown:
@@ -227,24 +235,24 @@ def normalize_task(task: dict[str, Any]) -> dict[str, Any]:
 
     task_type = task.get("type")
     if task_type not in TASK_TYPES:
-        fail(f"type {task_type!r} is not supported (supported: {', '.join(TASK_TYPES)})")
+        fail(f"type {quoted(task_type)} is not supported (supported: {', '.join(TASK_TYPES)})")
     num_labels = task.get("num_labels")
     if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1:
-        fail(f"num_labels must be a positive integer, got {num_labels!r}")
+        fail(f"num_labels must be a positive integer, got {quoted(num_labels)}")
     if task_type == "classification" and num_labels < 2:
         fail(f"a classification task needs at least 2 labels, got {num_labels}")
     if task_type != "classification" and num_labels != 1:
         fail(f"a {task_type} task scores each row with one number, so num_labels must be 1, got {num_labels}")
     head = task.get("head", "linear")
     if head not in HEAD_TYPES:
-        fail(f"head {head!r} is not supported (supported: {', '.join(HEAD_TYPES)})")
+        fail(f"head {quoted(head)} is not supported (supported: {', '.join(HEAD_TYPES)})")
     dropout = task.get("dropout", DEFAULT_DROPOUT)
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-        fail(f"dropout must be a number in [0, 1), got {dropout!r}")
+        fail(f"dropout must be a number in [0, 1), got {quoted(dropout)}")
     data_format = task.get("data_format", "PremiseAndMultiHypothesis" if task_type == "ranking"
                            else "PremiseAndOneHypothesis")
     if data_format not in DATA_FORMATS:
-        fail(f"data_format {data_format!r} is not supported (supported: {', '.join(DATA_FORMATS)})")
+        fail(f"data_format {quoted(data_format)} is not supported (supported: {', '.join(DATA_FORMATS)})")
     if (task_type == "ranking") != (data_format == "PremiseAndMultiHypothesis"):
         fail(f"data_format {data_format} does not fit a {task_type} task (ranking tasks, and only they, read "
              "PremiseAndMultiHypothesis)")
@@ -253,25 +261,25 @@ def normalize_task(task: dict[str, Any]) -> dict[str, Any]:
     labels = task.get("labels")
     if labels is not None:
         if not isinstance(labels, list) or not all(isinstance(label, str) for label in labels):
-            fail(f"labels must be a list of strings, got {labels!r}")
+            fail(f"labels must be a list of strings, got {quoted(labels)}")
         if task_type == "classification" and len(labels) != num_labels:
             fail(f"{len(labels)} label names for {num_labels} labels")
     metrics = task.get("metrics", DEFAULT_METRICS[task_type])
     if not isinstance(metrics, list) or any(metric not in METRICS for metric in metrics):
-        fail(f"metrics must be a list of {', '.join(METRICS)}; got {metrics!r}")
+        fail(f"metrics must be a list of {', '.join(METRICS)}; got {quoted(metrics)}")
     split_names = task.get("split_names", ["train", "dev", "test"])
     if not isinstance(split_names, list) or not all(isinstance(split, str) for split in split_names):
-        fail(f"split_names must be a list of strings, got {split_names!r}")
+        fail(f"split_names must be a list of strings, got {quoted(split_names)}")
     kd_loss = task.get("kd_loss")
     if kd_loss is not None and not isinstance(kd_loss, str):
-        fail(f"kd_loss must be a criterion name, got {kd_loss!r}")
+        fail(f"kd_loss must be a criterion name, got {quoted(kd_loss)}")
     normalized = {"name": name, "type": task_type, "num_labels": num_labels, "head": head, "dropout": float(dropout),
                   "data_format": data_format, "labels": labels, "metrics": list(metrics), "kd_loss": kd_loss,
                   "split_names": split_names}
     if task_type == "ranking":
         group_size = task.get("group_size", DEFAULT_GROUP_SIZE)
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
-            fail(f"group_size must be an integer >= 2, got {group_size!r}")
+            fail(f"group_size must be an integer >= 2, got {quoted(group_size)}")
         normalized["group_size"] = group_size
     elif "group_size" in task:
         fail("group_size applies to ranking tasks only")
@@ -291,16 +299,16 @@ def _normalize_san(san, fail):
     san = {**DEFAULT_SAN, **san}
     turns = san["num_turns"]
     if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
-        fail(f"san num_turns must be a positive integer, got {turns!r}")
+        fail(f"san num_turns must be a positive integer, got {quoted(turns)}")
     if san["memory_type"] not in (0, 1):
-        fail(f"san memory_type must be 0 (last turn) or 1 (average of turns), got {san['memory_type']!r}")
+        fail(f"san memory_type must be 0 (last turn) or 1 (average of turns), got {quoted(san['memory_type'])}")
     drop = san["memory_dropout"]
     if isinstance(drop, bool) or not isinstance(drop, (int, float)) or not 0 <= drop < 1:
-        fail(f"san memory_dropout must be a number in [0, 1), got {drop!r}")
+        fail(f"san memory_dropout must be a number in [0, 1), got {quoted(drop)}")
     if san["merge_opt"] not in (0, 1):
-        fail(f"san merge_opt must be 0 or 1, got {san['merge_opt']!r}")
+        fail(f"san merge_opt must be 0 or 1, got {quoted(san['merge_opt'])}")
     if san["rnn_type"] not in RNN_TYPES:
-        fail(f"san rnn_type {san['rnn_type']!r} is not supported (supported: {', '.join(RNN_TYPES)})")
+        fail(f"san rnn_type {quoted(san['rnn_type'])} is not supported (supported: {', '.join(RNN_TYPES)})")
     return {**san, "memory_dropout": float(drop)}
 
 
@@ -318,6 +326,50 @@ def _check_sizes(config, side, sizes, width, heads, epsilon):
     value = getattr(config, epsilon)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{side} {epsilon} must be a positive finite number, got {value!r}")
+
+
+# Copied from hf_ext.errors.quoted
+def quoted(value: object) -> str:
+    """`repr(value)` for an error message, cut to `MAX_QUOTED_CHARS` characters: a line that quotes user input stays
+    short whatever the input, and building it costs little (reprlib shows a few items of each container and a few
+    levels, so a structure that YAML aliases make enormous is never expanded)."""
+    text = _SHORT_REPR.repr(value)
+    return text if len(text) <= MAX_QUOTED_CHARS else text[:MAX_QUOTED_CHARS - 3] + "..."
+
+
+# Copied from hf_ext.text_files.BoundedYamlLoader
+class BoundedYamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader refusing a document whose aliases expand it by more than `MAX_ALIAS_VALUES` values or
+    refer to a node that holds them, and one nested too deeply to parse. An alias stands for an earlier node, so a
+    few lines of nested aliases stand for billions of values (the "billion laughs"), which anything that walks the
+    result would expand: an error message quoting it, for one. Measured on the composed nodes, before any Python
+    object is built. Use as `yaml.load(text, Loader=BoundedYamlLoader)`."""
+
+    def get_single_node(self) -> yaml.Node | None:
+        try:
+            node = super().get_single_node()
+        except RecursionError:
+            raise yaml.YAMLError("the document is nested too deeply") from None
+        sizes: dict[int, int] = {}
+        if node is not None and expanded_values(node, sizes, set()) - len(sizes) > MAX_ALIAS_VALUES:
+            raise yaml.YAMLError(f"its aliases expand it by more than {MAX_ALIAS_VALUES} values (an alias bomb)")
+        return node
+
+
+# Copied from hf_ext.text_files.expanded_values
+def expanded_values(node: yaml.Node, sizes: dict[int, int], walking: set[int]) -> int:
+    """How many values `node` stands for with its aliases expanded, counting each node once (`sizes` keeps the count
+    of the nodes met so far, so an alias costs nothing however often it repeats); a `yaml.YAMLError` for an alias
+    inside the node it names (`walking` holds the nodes being counted)."""
+    if id(node) in walking:
+        raise yaml.composer.ComposerError(None, None, "an alias refers to a node that holds it", node.start_mark)
+    if id(node) not in sizes:
+        walking.add(id(node))
+        children = [child for pair in node.value for child in pair] if isinstance(node, yaml.MappingNode) else \
+            node.value if isinstance(node, yaml.SequenceNode) else []
+        sizes[id(node)] = 1 + sum(expanded_values(child, sizes, walking) for child in children)
+        walking.discard(id(node))
+    return sizes[id(node)]
 
 
 __all__ = ["MTDNNConfig"]

@@ -359,7 +359,7 @@ def convert_state_dict(state: dict[str, torch.Tensor], config: MTDNNConfig,
 
 def load_tokenizer(name_or_path: str | Path, vocab_size: int) -> PreTrainedTokenizerBase:
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
+        tokenizer = AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=False)
     except (OSError, ValueError) as error:
         raise HfExtError(f"cannot load the tokenizer {name_or_path}: {str(error).splitlines()[0]}") from None
     if len(tokenizer) > vocab_size:
@@ -453,7 +453,8 @@ def convert_mtdnn_checkpoint(checkpoint: str | Path, out: str | Path, *, task_de
             encoder_layers=config.encoder.num_hidden_layers, encoder_hidden=config.encoder.hidden_size,
             encoder_vocab=config.encoder.vocab_size,
             hf_ext_version=__version__, source_file=file_record(checkpoint),
-            task_source=str(task_def) if task_def is not None else "the checkpoint (config['task_def_list'])",
+            task_source=f"`{Path(task_def).name}`" if task_def is not None
+            else "the checkpoint (config['task_def_list'])",
             parity=parity, notes=notes,
         )
     logger.info(f"wrote {out}")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...errors import HfExtError
+from ...hub import model_name
 from ...serve import MAX_TEXT_CHARS, checked_float, checked_int, checked_text, user_errors
 from .commands import load_optimus
 from .latent_space import OptimusLatentSpace
@@ -111,7 +112,7 @@ class OptimusApp:
         return figure
 
 
-def build_app(source: str, trust_remote_code: bool | None = None) -> "gr.Blocks":
+def build_app(source: str, trust_remote_code: bool = False) -> "gr.Blocks":
     """The Optimus explorer of the model in `source` (a folder or Hub repo id)."""
     import gradio as gr
 
@@ -121,8 +122,9 @@ def build_app(source: str, trust_remote_code: bool | None = None) -> "gr.Blocks"
     examples = bundled_sentences()
     text = dict(max_length=MAX_TEXT_CHARS, lines=1)
 
-    with gr.Blocks(title=f"Optimus: {source}", analytics_enabled=False) as blocks:
-        gr.Markdown(f"# Optimus latent space\n`{source}`: latent size {model.config.latent_size}. Sentences are "
+    name = model_name(source)  # a repo id or the folder's own name, not a local path
+    with gr.Blocks(title=f"Optimus: {name}", analytics_enabled=False) as blocks:
+        gr.Markdown(f"# Optimus latent space\n`{name}`: latent size {model.config.latent_size}. Sentences are "
                     "encoded to their posterior means and decoded with the options below.")
         sentences = gr.State([])
         with gr.Accordion("Decoding", open=False):

@@ -143,7 +143,7 @@ def _register_training_tools(tools):
                         help="posterior-mean variance that makes a latent dimension active (default 0.01)")
 
 
-def load_optimus(source: str, trust_remote_code: bool | None = None) -> tuple[OptimusModel, OptimusProcessor]:
+def load_optimus(source: str, trust_remote_code: bool = False) -> tuple[OptimusModel, OptimusProcessor]:
     """An Optimus model and its processor from `source` (a folder or Hub repo id); one error line when they do not
     load or `source` holds another kind of model."""
     from transformers import AutoModel, AutoProcessor
@@ -158,7 +158,7 @@ def load_optimus(source: str, trust_remote_code: bool | None = None) -> tuple[Op
 
 
 def _load_optimus(args):
-    return load_optimus(args.model, args.trust_remote_code or None)
+    return load_optimus(args.model, args.trust_remote_code)
 
 
 def _max_length(args, config):

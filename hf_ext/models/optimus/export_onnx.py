@@ -137,7 +137,7 @@ class OptimusOnnx:
             from transformers import AutoProcessor
 
             with loading("an Optimus processor", self.folder):
-                self._processor = AutoProcessor.from_pretrained(self.folder)
+                self._processor = AutoProcessor.from_pretrained(self.folder, trust_remote_code=False)
         return self._processor
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:

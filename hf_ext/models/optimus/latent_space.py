@@ -28,7 +28,7 @@ class OptimusLatentSpace:
     def from_pretrained(cls, name_or_path: str, **kwargs: Any) -> "OptimusLatentSpace":
         from transformers import AutoModel, AutoProcessor
 
-        trust = kwargs.pop("trust_remote_code", None)
+        trust = kwargs.pop("trust_remote_code", False)
         model = AutoModel.from_pretrained(name_or_path, trust_remote_code=trust)
         processor = AutoProcessor.from_pretrained(name_or_path, trust_remote_code=trust)
         return cls(model, processor, **kwargs)

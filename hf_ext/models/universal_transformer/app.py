@@ -6,6 +6,7 @@ imports; not imported by the package."""
 
 from typing import TYPE_CHECKING
 
+from ...hub import model_name
 from ...serve import MAX_TEXT_CHARS, checked_int, checked_text, user_errors
 from . import UniversalTransformerForSeq2SeqLM
 from .commands import load_model_and_tokenizer
@@ -52,7 +53,7 @@ class UniversalTransformerApp:
         return figure, table
 
 
-def build_app(source: str, trust_remote_code: bool | None = None) -> "gr.Blocks":
+def build_app(source: str, trust_remote_code: bool = False) -> "gr.Blocks":
     """The halting-map viewer of the Universal Transformer in `source` (a folder or Hub repo id)."""
     import gradio as gr
 
@@ -60,8 +61,9 @@ def build_app(source: str, trust_remote_code: bool | None = None) -> "gr.Blocks"
     app = UniversalTransformerApp(model, tokenizer)
     config = model.config
     kind = "seq2seq" if isinstance(model, UniversalTransformerForSeq2SeqLM) else "encoder"
-    with gr.Blocks(title=f"Universal Transformer: {source}", analytics_enabled=False) as blocks:
-        gr.Markdown(f"# Universal Transformer halting map\n`{source}` ({kind}, "
+    name = model_name(source)  # a repo id or the folder's own name, not a local path
+    with gr.Blocks(title=f"Universal Transformer: {name}", analytics_enabled=False) as blocks:
+        gr.Markdown(f"# Universal Transformer halting map\n`{name}` ({kind}, "
                     f"{'ACT, at most ' + str(config.act_max_steps) + ' steps' if config.use_act else 'no ACT'}): "
                     "how many steps N + R each position ponders before it halts.")
         with gr.Row():

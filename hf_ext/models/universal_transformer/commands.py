@@ -109,7 +109,7 @@ def _train_algorithmic(args):
     print(json.dumps({"output_dir": str(args.output_dir), **results}))
 
 
-def load_model_and_tokenizer(source: str, trust_remote_code: bool | None = None,
+def load_model_and_tokenizer(source: str, trust_remote_code: bool = False,
                              ) -> tuple[UniversalTransformerPreTrainedModel, PreTrainedTokenizerBase]:
     """A Universal Transformer (as the seq2seq or classification model its config's architectures name, else the
     encoder) and its tokenizer from `source` (a folder or Hub repo id); one error line when either does not load."""
@@ -137,7 +137,7 @@ def _halting_map(args):
     out = Path(args.out)
     require(out.parent.is_dir(), f"the folder of {out} does not exist")
     require_matplotlib()
-    model, tokenizer = load_model_and_tokenizer(args.model, args.trust_remote_code or None)
+    model, tokenizer = load_model_and_tokenizer(args.model, args.trust_remote_code)
     rows = halting_map(model, tokenizer, args.text, max_new_tokens=args.max_new_tokens)
     plot_halting_map(rows, out, title=f"Halting map of {args.text!r}")
     print(json.dumps({"out": str(out), "rows": [{"side": row.side, "tokens": row.tokens,
