@@ -30,7 +30,8 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.utils import logging
 
-from .errors import HfExtError, load_config, loading
+from .errors import HfExtError
+from .loading import load_config, loading
 from .models import modules_by_model_type
 from .output import atomic_output_dir, check_output_dir
 

@@ -1,5 +1,6 @@
-"""Reading the text data files that training commands take (GLUE TSVs, JSON lines, plain text), with one clear
-`HfExtError` line for a file that is missing, not UTF-8 or not JSON where JSON is expected."""
+"""Reading the text files that converters and training commands take (GLUE TSVs, JSON lines, plain text, JSON
+configs), with one clear `HfExtError` line for a file that is missing, not UTF-8 or not JSON where JSON is
+expected."""
 
 import json
 from collections.abc import Iterator
@@ -32,3 +33,22 @@ def json_lines(path: str | Path, what: str) -> Iterator[tuple[str, object]]:
             yield where, json.loads(line)
         except json.JSONDecodeError as error:
             raise HfExtError(f"{where}: not JSON ({error.msg})") from None
+
+
+MAX_JSON_BYTES = 64 << 20  # far above any config; a larger "config" is something else
+
+
+def read_json(path: str | Path, what: str) -> object:
+    """A JSON document; one `HfExtError` line for a missing, special (a FIFO would block, /dev/zero never ends),
+    oversized or malformed file."""
+    path = Path(path)
+    if not path.exists():
+        raise HfExtError(f"{what} {path} does not exist")
+    if not path.is_file():
+        raise HfExtError(f"{what} {path} is not a regular file")
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise HfExtError(f"{what} {path} is {path.stat().st_size} bytes, too large for a JSON config")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise HfExtError(f"{what} {path} is not valid JSON ({error})") from None

@@ -2,7 +2,6 @@
 
 import math
 import numbers
-import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -142,29 +141,6 @@ class MTDNNConfig(PretrainedConfig):
             raise ValueError(f"group sizes given for unknown task(s) {', '.join(unknown)}")
         tasks = [task_from_original(name, task_defs[name], san, group_sizes.get(name)) for name in names]
         return cls(encoder=encoder_config, tasks=tasks, **kwargs)
-
-    @classmethod
-    def from_task_def_yaml(cls, path_or_text: str | os.PathLike, encoder_config: BertConfig | dict[str, Any],
-                           task_names: list[str] | None = None, san: dict[str, Any] | None = None,
-                           group_sizes: Mapping[str, int] | None = None, **kwargs: Any) -> "MTDNNConfig":
-        """`from_task_defs` on a task-definition YAML file (the original's `glue_task_def.yml` format) or its text."""
-        import yaml
-
-        text = path_or_text
-        if isinstance(path_or_text, os.PathLike) or "\n" not in str(path_or_text):
-            try:
-                with open(path_or_text, encoding="utf-8") as handle:
-                    text = handle.read()
-            except OSError as error:
-                raise ValueError(f"cannot read the task-definition file {path_or_text}: {error.strerror}") from None
-        try:
-            task_defs = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            where = getattr(error, "problem_mark", None)
-            line = f" at line {where.line + 1}" if where is not None else ""
-            raise ValueError(f"malformed task-definition YAML{line}: {getattr(error, 'problem', None) or error}") \
-                from None
-        return cls.from_task_defs(task_defs, encoder_config, task_names, san, group_sizes, **kwargs)
 
 
 def task_from_original(name: str, definition: dict[str, Any], san: dict[str, Any] | None = None,

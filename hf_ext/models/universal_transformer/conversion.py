@@ -25,8 +25,9 @@ from transformers.utils import logging
 from ...checkpoints import load_state_dict
 from ...conversion import add_output_arguments, compare_with_reference, load_reference, print_parity
 from ...errors import HfExtError
-from ...export import empty_model, expected_tensors, file_record, read_json, write_model_folder
-from . import AUTO_MAP, UniversalTransformerConfig, UniversalTransformerForSequenceClassification
+from ...export import empty_model, expected_tensors, file_record, write_model_folder
+from ...text_files import read_json
+from . import ENTRY, UniversalTransformerConfig, UniversalTransformerForSequenceClassification
 
 logger = logging.get_logger(__name__)
 
@@ -207,7 +208,7 @@ def convert_universal_transformer_checkpoint(src: str | Path, out: str | Path, *
                  "computes it for any length (equal values within that range)")
     with atomic_output_dir(out, overwrite) as staging:
         logger.info(f"writing {len(state)} tensors to {staging}")
-        write_model_folder(staging, UniversalTransformerForSequenceClassification, config, state, AUTO_MAP,
+        write_model_folder(staging, UniversalTransformerForSequenceClassification, config, state, ENTRY.auto_map,
                            source=str(src / WEIGHTS_FILE))
         logger.info("checking the written folder")
         model = UniversalTransformerForSequenceClassification.from_pretrained(staging).eval()
@@ -218,7 +219,7 @@ def convert_universal_transformer_checkpoint(src: str | Path, out: str | Path, *
             parity.update(compare_with_reference(model, reference_tensors, reference, reference_errors))
         repo_id = push_to_hub or Path(out).name
         write_model_card(
-            staging, "universal_transformer",
+            staging, ENTRY.card_template,
             card_data(license="mit", tags=["universal-transformer", "adaptive-computation-time", "babi"],
                       pipeline_tag="text-classification"),
             model_name=Path(out).name, repo_id=repo_id, config=config, hf_ext_version=__version__,
