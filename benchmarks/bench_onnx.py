@@ -24,7 +24,7 @@ import torch
 from transformers import BertConfig, BertTokenizerFast, ErnieConfig, ErnieForSequenceClassification
 
 from hf_ext import MTDNNConfig, MTDNNModel, OptimusConfig
-from hf_ext.cli import _quiet_libraries
+from hf_ext.cli_utils import _quiet_libraries
 from hf_ext.models.optimus.export_onnx import OptimusOnnx
 from hf_ext.models.optimus.samples import random_model
 from hf_ext.onnx_export import export_onnx, session

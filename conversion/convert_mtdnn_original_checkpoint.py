@@ -1,12 +1,9 @@
 #!/usr/bin/env python
-"""Convert an original MT-DNN checkpoint (namisan/mt-dnn) into a transformers model folder.
-
-The same command as `hf-ext convert mtdnn`; see `--help`.
-"""
+"""`hf-ext convert mtdnn` as a script: convert original MT-DNN checkpoints (namisan/mt-dnn); see `--help`."""
 
 import sys
 
-from hf_ext.cli import convert_main
+from hf_ext.cli_utils import convert_main
 from hf_ext.models.mtdnn import conversion
 
 if __name__ == "__main__":

@@ -1,12 +1,9 @@
 #!/usr/bin/env python
-"""Convert an original Optimus checkpoint (ChunyuanLI/Optimus) into a transformers model folder.
-
-The same command as `hf-ext convert optimus`; see `--help`.
-"""
+"""`hf-ext convert optimus` as a script: convert original Optimus checkpoints (ChunyuanLI/Optimus); see `--help`."""
 
 import sys
 
-from hf_ext.cli import convert_main
+from hf_ext.cli_utils import convert_main
 from hf_ext.models.optimus import conversion
 
 if __name__ == "__main__":

@@ -1,34 +1,12 @@
-"""The one exception type the CLI turns into a single clear error line and a non-zero exit, the translation of
-model-loading failures into it, and what an error line may show of user input and secrets."""
+"""The one exception type the CLI turns into a single clear error line and a non-zero exit (loading failures are
+turned into it by `hf_ext.loading`), and what an error line may show of user input and secrets."""
 
-import contextlib
 import re
 import reprlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # transformers is imported only when a config is loaded
-    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 
 class HfExtError(Exception):
     """A user-facing failure: bad input, a refused checkpoint, a bad argument. The message is one line."""
-
-
-@contextlib.contextmanager
-def loading(what: str, source: object) -> Iterator[None]:
-    """Turn a failure to load `what` from `source` (a folder or Hub repo id) inside the block into one `HfExtError`
-    line naming both: missing or unreadable files, truncated or corrupt safetensors weights, invalid configs."""
-    from huggingface_hub.errors import StrictDataclassError
-    from safetensors import SafetensorError
-
-    try:
-        yield
-    except SafetensorError as error:
-        raise HfExtError(f"cannot load {what} from {source}: its safetensors weights are corrupt or truncated "
-                         f"({one_line(error)})") from None
-    except (OSError, ValueError, StrictDataclassError) as error:
-        raise HfExtError(f"cannot load {what} from {source}: {one_line(error)}") from None
 
 
 def one_line(error: BaseException) -> str:
@@ -81,27 +59,3 @@ def require(condition: object, message: str) -> None:
     (`hf_ext.arguments`) cannot make alone, such as one option against another or against the model."""
     if not condition:
         raise HfExtError(message)
-
-
-def load_config(source: str, expected_type: str | None = None, description: str | None = None,
-                trust_remote_code: bool = False, hint: str = "") -> "PretrainedConfig":
-    """The configuration of `source` (a folder or Hub repo id), with one error line when it does not load or, given
-    `expected_type`, when it holds another kind of model (`description` names the expected kind, `hint` may say
-    what to do instead). Checked before any weights are read."""
-    from transformers import AutoConfig
-
-    with loading("a model config", source):
-        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-    if expected_type is not None and config.model_type != expected_type:
-        raise HfExtError(f"{source} holds a {config.model_type!r} model, not {description or expected_type}{hint}")
-    return config
-
-
-def load_tokenizer(source: str, trust_remote_code: bool = False) -> "PreTrainedTokenizerBase":
-    """The tokenizer of `source` (a folder or Hub repo id), with one error line when it has none that loads."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as error:
-        raise HfExtError(f"{source} has no usable tokenizer: {one_line(error)}") from None

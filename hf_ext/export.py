@@ -1,6 +1,5 @@
 """Writing a converted model folder that loads with `from_pretrained`, locally or from the Hub as remote code."""
 
-import json
 from pathlib import Path
 
 import torch
@@ -96,22 +95,3 @@ def file_record(path: Path, name: str | None = None) -> dict:
     """A provenance row for a model card: the file's name (`name`, or its own), size and sha256."""
     path = Path(path)
     return {"name": name or path.name, "bytes": path.stat().st_size, "sha256": sha256(path)}
-
-
-MAX_JSON_BYTES = 64 << 20  # far above any config; a larger "config" is something else
-
-
-def read_json(path: str | Path, what: str) -> object:
-    """A JSON document; one `HfExtError` line for a missing, special (a FIFO would block, /dev/zero never ends),
-    oversized or malformed file."""
-    path = Path(path)
-    if not path.exists():
-        raise HfExtError(f"{what} {path} does not exist")
-    if not path.is_file():
-        raise HfExtError(f"{what} {path} is not a regular file")
-    if path.stat().st_size > MAX_JSON_BYTES:
-        raise HfExtError(f"{what} {path} is {path.stat().st_size} bytes, too large for a JSON config")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise HfExtError(f"{what} {path} is not valid JSON ({error})") from None

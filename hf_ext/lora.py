@@ -1,8 +1,6 @@
-"""LoRA through PEFT for every model: one table of what each model type adapts, and one function each to wrap a
-model, reload a saved adapter and get the model back out of its wrappers."""
+"""LoRA through PEFT for every model: what a model type adapts is its entry's `LoraPlan` (`ModelEntry.lora`), and
+one function each wraps a model, reloads a saved adapter and gets the model back out of its wrappers."""
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -10,66 +8,26 @@ from accelerate.utils import extract_model_from_parallel
 from transformers import PreTrainedModel
 from transformers.trainer_utils import unwrap_peft_model
 
+from .models import MODELS
+from .registration import LoraPlan
 from .trainer import quiet_peft
 
 if TYPE_CHECKING:  # peft is imported only when LoRA is used
     from peft import PeftModel
 
 
-def _no_modules(model: PreTrainedModel) -> list[str]:
-    return []
-
-
-@dataclass(frozen=True)
-class LoraPlan:
-    """What LoRA adapts in one model type: `target_modules` (module names; PEFT adapts those the model has),
-    `modules_to_save(model)` (modules trained in full and saved with the adapter), `fan_in_fan_out` (targets that
-    include GPT-2's `Conv1D`, which stores its weight as [in, out]: PEFT then picks the value per layer from its
-    type) and `task_type(model)` (the PEFT task type, None for a plain `PeftModel`)."""
-
-    target_modules: tuple[str, ...]
-    modules_to_save: Callable[[PreTrainedModel], list[str]] = field(default=_no_modules)
-    fan_in_fan_out: bool = False
-    task_type: Callable[[PreTrainedModel], str | None] = field(default=lambda model: None)
-
-
-BERT_ATTENTION = ("query", "key", "value")  # BertSelfAttention's projections
-
-
-def _universal_transformer_task_type(model: PreTrainedModel) -> str | None:
-    if model.can_generate():
-        return "SEQ_2_SEQ_LM"  # PeftModelForSeq2SeqLM, which generates
-    return "SEQ_CLS" if hasattr(model, "classifier") else "FEATURE_EXTRACTION"
-
-
-LORA_PLANS = {
-    # BERT's self-attention and GPT-2's attention and MLP projections; the latent projections define the latent
-    # space and are trained in full
-    "optimus": LoraPlan(BERT_ATTENTION + ("c_attn", "c_proj"),
-                        lambda model: ["to_latent", "latent_to_memory", "latent_to_embedding"], fan_in_fan_out=True),
-    # the shared encoder's self-attention; every task head in full
-    "mt-dnn": LoraPlan(BERT_ATTENTION, lambda model: [f"heads.{name}" for name in model.config.task_names]),
-    # attention and the transition function of any kind (fc, sepconv, conv); the halting units and the classifier
-    # in full (the seq2seq output layer is the shared embedding and stays frozen)
-    "universal-transformer": LoraPlan(
-        ("q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2", "pointwise1", "pointwise2", "conv1", "conv2"),
-        lambda model: (["halting"] if model.config.use_act else []) + (
-            ["classifier"] if hasattr(model, "classifier") else []),
-        task_type=_universal_transformer_task_type),
-}
-
-
 def lora_plan(model: PreTrainedModel) -> LoraPlan:
-    plan = LORA_PLANS.get(model.config.model_type)
-    if plan is None:
-        raise ValueError(f"no LoRA plan for model type {model.config.model_type!r} (known: {', '.join(LORA_PLANS)})")
-    return plan
+    """The `LoraPlan` of `model`'s type, from its model's entry."""
+    plans = {entry.model_type: entry.lora for entry in MODELS if entry.lora is not None}
+    if model.config.model_type not in plans:
+        raise ValueError(f"no LoRA plan for model type {model.config.model_type!r} (known: {', '.join(plans)})")
+    return plans[model.config.model_type]
 
 
 def add_lora(model: PreTrainedModel, r: int = 8, lora_alpha: float = 16, lora_dropout: float = 0.0,
              target_modules: tuple[str, ...] | None = None,
              modules_to_save: list[str] | None = None) -> "PeftModel":
-    """Wrap `model` in LoRA adapters (`peft.get_peft_model`) on its type's targets (`LORA_PLANS`), or on
+    """Wrap `model` in LoRA adapters (`peft.get_peft_model`) on its type's targets (its entry's `LoraPlan`), or on
     `target_modules`; the type's `modules_to_save` (or the given ones) are trained in full and saved with the
     adapter."""
     from peft import LoraConfig, get_peft_model
@@ -98,4 +56,4 @@ def unwrap(model: torch.nn.Module) -> PreTrainedModel:
     return unwrap_peft_model(extract_model_from_parallel(model))
 
 
-__all__ = ["LORA_PLANS", "LoraPlan", "add_lora", "load_lora", "lora_plan", "unwrap"]
+__all__ = ["LoraPlan", "add_lora", "load_lora", "lora_plan", "unwrap"]

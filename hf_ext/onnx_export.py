@@ -29,8 +29,9 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.utils import logging
 
-from .errors import HfExtError, load_config, loading
+from .errors import HfExtError
 from .hub import card_data, checked_link_target, link_roots, model_name, write_model_card
+from .loading import load_config, loading
 from .models import modules_by_model_type
 from .output import atomic_output_dir, check_output_dir, copy_file
 

@@ -1,10 +1,17 @@
-"""Registering a model with transformers' Auto classes, from one table per model (its package's `AUTO_CLASSES`)."""
+"""What a model declares about itself, once: its `ModelEntry` (the `ENTRY` of its package's `__init__.py`), which
+the shared layer reads through `hf_ext.models.MODELS` and nowhere else; and registering it with transformers' Auto
+classes."""
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
 
 import transformers
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 
-def register_auto_classes(config_class: type[PretrainedConfig], auto_classes: dict[str, type]) -> None:
+def register_auto_classes(config_class: type[PretrainedConfig], auto_classes: Mapping[str, type]) -> None:
     """Register `config_class` with `AutoConfig` and each class with its Auto class (`{"AutoModel": Model, ...}`).
     The classes are also registered for remote code, so that the folders they save carry their code and an
     `auto_map`, and load with `trust_remote_code=True` where hf-ext is not installed."""
@@ -15,7 +22,7 @@ def register_auto_classes(config_class: type[PretrainedConfig], auto_classes: di
         model_class.register_for_auto_class(auto_name)
 
 
-def auto_map(config_class: type[PretrainedConfig], auto_classes: dict[str, type]) -> dict[str, str]:
+def auto_map(config_class: type[PretrainedConfig], auto_classes: Mapping[str, type]) -> dict[str, str]:
     """The `auto_map` of a saved configuration: `{"AutoConfig": "configuration_x.XConfig", "AutoModel": ...}` for the
     configuration and the model classes (a processor records its own in its processor config)."""
     def reference(cls):
@@ -23,3 +30,86 @@ def auto_map(config_class: type[PretrainedConfig], auto_classes: dict[str, type]
 
     models = {name: reference(cls) for name, cls in auto_classes.items() if issubclass(cls, PreTrainedModel)}
     return {"AutoConfig": reference(config_class), **models}
+
+
+def _no_modules(model: PreTrainedModel) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class LoraPlan:
+    """What LoRA adapts in one model type: `target_modules` (module names; PEFT adapts those the model has),
+    `modules_to_save(model)` (modules trained in full and saved with the adapter), `fan_in_fan_out` (targets that
+    include GPT-2's `Conv1D`, which stores its weight as [in, out]: PEFT then picks the value per layer from its
+    type) and `task_type(model)` (the PEFT task type, None for a plain `PeftModel`)."""
+
+    target_modules: tuple[str, ...]
+    modules_to_save: Callable[[PreTrainedModel], list[str]] = field(default=_no_modules)
+    fan_in_fan_out: bool = False
+    task_type: Callable[[PreTrainedModel], str | None] = field(default=lambda model: None)
+
+
+BERT_ATTENTION = ("query", "key", "value")  # BertSelfAttention's projections: the LoRA targets of a BERT encoder
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model of hf-ext as its package declares it (`ENTRY = ModelEntry(package=__name__, ...)` in its
+    `__init__.py`). The shared layer knows a model only through its entry; docs/adding_a_model.md walks through
+    the fields.
+
+    - `package`: the package's module name (`__name__`); `name` is its last part (the folder).
+    - `display_name`: the model's name in prose and help texts ("Universal Transformer").
+    - `config_class`, `auto_classes` (`{"AutoModel": Model, ...}`): registered with transformers by `register()`
+      (done by `import hf_ext`); `auto_map` is the `auto_map` of converted folders.
+    - `top_level`: the names `hf_ext` re-exports from the package (`hf_ext.OptimusModel`).
+    - `card_template`: the model card template, `model_cards/<card_template>.md`, that its converter renders.
+    - `conversion_script`: the script in the repository's `conversion/` folder that runs its converter.
+    - `lora`: its `LoraPlan` (None: `hf_ext.lora.add_lora` refuses the model).
+    - module names inside the package, imported only when used: `conversion` (the converter: `CONVERT_NAME`,
+      `CONVERT_SUMMARY`, `add_arguments(parser)`, `run(args)`), `commands` (`register(commands)`: its own
+      command group; None for none), `app` (`MODEL_TYPES`, `build_app(source, trust_remote_code)`: its `hf-ext
+      serve` app, built on the `app` extra; `app_summary` says what the app shows in `hf-ext serve --help`) and
+      `export_onnx` (`MODEL_TYPES`, `tasks(config)`, `plan(...)`: what `hf-ext export onnx` writes, built on the
+      `onnx` extra); None where the model has none.
+    """
+
+    package: str
+    display_name: str
+    config_class: type[PretrainedConfig]
+    auto_classes: Mapping[str, type]
+    top_level: tuple[str, ...]
+    card_template: str
+    conversion_script: str
+    lora: LoraPlan | None = None
+    conversion: str = "conversion"
+    commands: str | None = "commands"
+    app: str | None = None
+    app_summary: str | None = None
+    export_onnx: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The package's folder name (`universal_transformer`)."""
+        return self.package.rsplit(".", 1)[-1]
+
+    @property
+    def model_type(self) -> str:
+        """The `model_type` of its configuration (`universal-transformer`)."""
+        return self.config_class.model_type
+
+    @property
+    def auto_map(self) -> dict[str, str]:
+        """The `auto_map` a converted folder's configuration carries (see `auto_map`)."""
+        return auto_map(self.config_class, self.auto_classes)
+
+    def register(self) -> None:
+        """Register the model with transformers' Auto classes (`register_auto_classes`)."""
+        register_auto_classes(self.config_class, self.auto_classes)
+
+    def module(self, name: str) -> ModuleType:
+        """The package's module `name` (one of the module fields: `self.module(self.conversion)`), imported now."""
+        return importlib.import_module(f"{self.package}.{name}")
+
+
+__all__ = ["BERT_ATTENTION", "LoraPlan", "ModelEntry", "auto_map", "register_auto_classes"]

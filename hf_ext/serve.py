@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING
 from transformers.utils import logging
 
 from .arguments import number_in
-from .errors import HfExtError, load_config, one_line
-from .models import modules_by_model_type
+from .cli_utils import add_model_argument
+from .errors import HfExtError, one_line
+from .loading import load_config
+from .models import MODELS, modules_by_model_type
 
 if TYPE_CHECKING:  # gradio is optional
     import gradio as gr
@@ -54,14 +56,12 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 
 def add_serve_command(commands: argparse._SubParsersAction) -> None:
     """The top-level `hf-ext serve` command."""
-    from .cli import add_model_argument
-
+    served = [entry for entry in MODELS if entry.app is not None]
     parser = commands.add_parser(
-        "serve", help="explore a model in the browser (Optimus, Universal Transformer, MT-DNN)",
-        description="Start the model's app in the browser, chosen by its model type: Optimus' latent space "
-        "(reconstruct, interpolate, analogy, sample, a map of the posterior means), the Universal Transformer's "
-        "halting map, MT-DNN's predictions of every task head. Each function is also served by name through "
-        "Gradio's API (gradio_client). Needs the app extra: pip install 'hf-ext[app]'.")
+        "serve", help=f"explore a model in the browser ({', '.join(entry.display_name for entry in served)})",
+        description="Start the model's app in the browser, chosen by its model type: "
+        f"{', '.join(entry.app_summary or entry.display_name for entry in served)}. Each function is also served "
+        "by name through Gradio's API (gradio_client). Needs the app extra: pip install 'hf-ext[app]'.")
     add_model_argument(parser, "model folder or Hub repo id (offline when HF_HUB_OFFLINE=1)")
     parser.add_argument("--host", default=DEFAULT_HOST,
                         help=f"address to listen on (default {DEFAULT_HOST}: this machine only; 0.0.0.0 opens the "

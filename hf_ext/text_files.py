@@ -1,6 +1,6 @@
-"""Reading the text data files that training commands take (GLUE TSVs, JSON lines, plain text, YAML settings), with
-one clear `HfExtError` line for a file that is missing, not UTF-8 or not JSON where JSON is expected, and a YAML
-loader that refuses alias bombs."""
+"""Reading the text files that converters and training commands take (GLUE TSVs, JSON lines, plain text, JSON
+configs, YAML settings), with one clear `HfExtError` line for a file that is missing, not UTF-8 or not JSON where
+JSON is expected, and a YAML loader that refuses alias bombs."""
 
 import json
 from collections.abc import Iterator
@@ -70,3 +70,22 @@ def expanded_values(node: yaml.Node, sizes: dict[int, int], walking: set[int]) -
         sizes[id(node)] = 1 + sum(expanded_values(child, sizes, walking) for child in children)
         walking.discard(id(node))
     return sizes[id(node)]
+
+
+MAX_JSON_BYTES = 64 << 20  # far above any config; a larger "config" is something else
+
+
+def read_json(path: str | Path, what: str) -> object:
+    """A JSON document; one `HfExtError` line for a missing, special (a FIFO would block, /dev/zero never ends),
+    oversized or malformed file."""
+    path = Path(path)
+    if not path.exists():
+        raise HfExtError(f"{what} {path} does not exist")
+    if not path.is_file():
+        raise HfExtError(f"{what} {path} is not a regular file")
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise HfExtError(f"{what} {path} is {path.stat().st_size} bytes, too large for a JSON config")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise HfExtError(f"{what} {path} is not valid JSON ({error})") from None

@@ -24,7 +24,8 @@ from transformers import BertTokenizer, TrainingArguments
 
 from hf_ext.models.ernie2 import Ernie2ForPreTraining, Ernie2PreTrainingConfig
 from hf_ext.models.ernie2.data import Ernie2DataBuilder, Ernie2PreTrainingCollator, documents_from_records
-from hf_ext.models.ernie2.training import PAPER_SCHEDULE, ContinualSchedule, continual_pretraining
+from hf_ext.models.ernie2.schedule import PAPER_SCHEDULE, ContinualSchedule
+from hf_ext.models.ernie2.training import continual_pretraining
 from hf_ext.sample_text import train_bert_vocab
 
 RESULT_KEYS = ["corpus", "schemes", "tasks", "held_out_loss", "forgetting"]

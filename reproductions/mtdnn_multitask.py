@@ -24,13 +24,9 @@ from common import finish, markdown_table, plotting, reproduction_parser, start
 from transformers import BertConfig, BertTokenizer, TrainingArguments
 
 from hf_ext.models.mtdnn import MTDNNConfig, MTDNNModel
-from hf_ext.models.mtdnn.training import (
-    MTDNNTrainer,
-    add_soft_labels,
-    evaluate_task,
-    load_glue_tsv,
-    teacher_soft_labels,
-)
+from hf_ext.models.mtdnn.data import load_glue_tsv
+from hf_ext.models.mtdnn.distillation import add_soft_labels, teacher_soft_labels
+from hf_ext.models.mtdnn.training import MTDNNTrainer, evaluate_task
 from hf_ext.sample_text import train_bert_vocab
 from hf_ext.trainer import send_logs_to_stderr
 

@@ -1,14 +1,42 @@
 """Shared test fixtures: where the repository and its test fixtures are (`tests/fixtures/`: checkpoints and reference
-outputs, and which code wrote each, in `tests/fixtures/README.md`), the tiny Optimus fixture converted once per session, and for
-`hf-ext serve`: a tiny model folder of each model with an app, and its app running on a free local port."""
+outputs, and which code wrote each, in `tests/fixtures/README.md`), running commands and scripts, and for
+`hf-ext serve` a model's app running on a free local port.
+
+What is a model's own lives in its test folder: `tests/<model>/fixtures_<model>.py` holds the fixtures that tests
+outside the folder use too (its tiny model folders for the serve and bad-input tests), registered here as plugins;
+`tests/<model>/bad_input_<model>.py` its rows of the bad-input table. A new model adds these files: nothing here
+names a model."""
 
 import contextlib
+import importlib
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
+TESTS = REPO_ROOT / "tests"
+
+
+def model_test_modules(kind: str) -> list[ModuleType]:
+    """The modules `tests/<model>/<kind>_<model>.py` of every model test folder that has one (`"fixtures"`,
+    `"bad_input"`), imported by name with their folder on `sys.path`, as pytest imports the tests beside them."""
+    modules = []
+    for path in sorted(TESTS.glob(f"*/{kind}_*.py")):
+        if path.stem != f"{kind}_{path.parent.name}":
+            continue
+        if str(path.parent) not in sys.path:
+            sys.path.insert(0, str(path.parent))
+        modules.append(importlib.import_module(path.stem))
+    return modules
+
+
+def pytest_configure(config):
+    for module in model_test_modules("fixtures"):  # each model's shared fixtures, for every test
+        if not config.pluginmanager.is_registered(module):
+            config.pluginmanager.register(module, f"hf_ext_tests.{module.__name__}")
 
 
 @pytest.fixture(scope="session")
@@ -19,25 +47,6 @@ def repo_root():
 @pytest.fixture(scope="session")
 def fixtures_dir():
     return FIXTURES
-
-
-@pytest.fixture(scope="session")
-def optimus_tiny(fixtures_dir):
-    """The original Optimus code's output folder (checkpoint-{encoder,decoder,full}-N/) and its reference outputs."""
-    return fixtures_dir / "optimus" / "tiny"
-
-
-@pytest.fixture(scope="session")
-def optimus_tiny_converted(optimus_tiny, tmp_path_factory):
-    """`hf-ext convert optimus` (in-process) of the tiny fixture's split folders, checked against its reference
-    outputs; read it, do not modify it."""
-    from hf_ext.cli import main
-
-    out = tmp_path_factory.mktemp("optimus_tiny") / "converted"
-    code = main(["convert", "optimus", str(optimus_tiny), str(out),
-                 "--reference", str(optimus_tiny / "reference.safetensors")])
-    assert code == 0, "converting the tiny Optimus fixture failed"
-    return out
 
 
 @pytest.fixture
@@ -142,79 +151,7 @@ def require_extra(extra: str, *modules: str) -> None:
     pytest.skip(message, allow_module_level=True)
 
 
-# ----- hf-ext serve: tiny model folders with their tokenizers, and a running app -----------------------------------
-
-@pytest.fixture(scope="session")
-def optimus_sample_folder(tmp_path_factory):
-    """A tiny converted Optimus folder with its two tokenizers (random weights)."""
-    from hf_ext.models.optimus.conversion import convert_optimus_checkpoint
-    from hf_ext.models.optimus.samples import write_sample_checkpoint
-
-    root = tmp_path_factory.mktemp("optimus_app")
-    write_sample_checkpoint(root / "original", seed=7, latent_size=5, hidden_size=32)
-    convert_optimus_checkpoint(root / "original", root / "converted")
-    return root / "converted"
-
-
-@pytest.fixture(scope="session")
-def algorithmic_seq2seq_folder(tmp_path_factory):
-    """A tiny seq2seq Universal Transformer with ACT over the algorithmic vocabulary, with its tokenizer; the
-    halting unit starts at bias 0, so that positions halt after different numbers of steps."""
-    import torch
-
-    from hf_ext.models.universal_transformer import UniversalTransformerForSeq2SeqLM
-    from hf_ext.models.universal_transformer.training import algorithmic_config, algorithmic_tokenizer
-
-    folder = tmp_path_factory.mktemp("universal_transformer_app") / "model"
-    torch.manual_seed(0)
-    config = algorithmic_config(hidden_size=16, num_attention_heads=2, intermediate_size=32, act_max_steps=4,
-                                dropout=0.0, act_halting_bias_init=0.0)
-    UniversalTransformerForSeq2SeqLM(config).save_pretrained(folder)
-    algorithmic_tokenizer().save_pretrained(folder)
-    return folder
-
-
-MTDNN_APP_TASKS = """\
-sst:
-  data_format: PremiseOnly
-  enable_san: false
-  labels: [negative, positive]
-  n_class: 2
-  task_type: Classification
-nli:
-  data_format: PremiseAndOneHypothesis
-  enable_san: true
-  labels: [contradiction, neutral, entailment]
-  n_class: 3
-  task_type: Classification
-sts:
-  data_format: PremiseAndOneHypothesis
-  enable_san: false
-  n_class: 1
-  task_type: Regression
-"""
-MTDNN_APP_WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "man", "woman", "is", "playing", "sleeping",
-                   "."]
-
-
-@pytest.fixture(scope="session")
-def mtdnn_sample_folder(tmp_path_factory):
-    """A tiny MT-DNN model (a single-sentence task, a SAN pair task, a regression pair task) with a BERT
-    tokenizer."""
-    import torch
-    from transformers import BertConfig, BertTokenizer
-
-    from hf_ext.models.mtdnn import MTDNNConfig, MTDNNModel
-
-    root = tmp_path_factory.mktemp("mtdnn_app")
-    encoder = BertConfig(vocab_size=len(MTDNN_APP_WORDS), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                         intermediate_size=24, max_position_embeddings=40)
-    torch.manual_seed(0)
-    MTDNNModel(MTDNNConfig.from_task_def_yaml(MTDNN_APP_TASKS, encoder)).save_pretrained(root / "model")
-    (root / "vocab.txt").write_text("\n".join(MTDNN_APP_WORDS) + "\n", encoding="utf-8")
-    BertTokenizer(vocab_file=str(root / "vocab.txt")).save_pretrained(root / "model")
-    return root / "model"
-
+# ----- hf-ext serve: a model's app running -------------------------------------------------------------------------
 
 @contextlib.contextmanager
 def running_app(folder, page_load_js: str | None = None, host: str = "127.0.0.1"):

@@ -11,15 +11,22 @@ import pytest
 from conftest import REPO_ROOT, cli_exit_code, free_port, local_client, require_extra, running_app
 
 from hf_ext import serve
+from hf_ext.cli import build_parser
 from hf_ext.errors import HfExtError
+from hf_ext.models import MODELS
+
+SERVED = [entry for entry in MODELS if entry.app is not None]  # the models whose entry names an app
+NOT_SERVED = [entry.model_type for entry in MODELS if entry.app is None]
 
 
 def test_the_apps_are_found_by_model_type():
     found = serve.apps()
+    assert SERVED
     assert {model_type: module.__name__ for model_type, module in found.items()} == {
-        "optimus": "hf_ext.models.optimus.app", "universal-transformer": "hf_ext.models.universal_transformer.app",
-        "mt-dnn": "hf_ext.models.mtdnn.app"}
+        entry.model_type: f"{entry.package}.{entry.app}" for entry in SERVED}
     assert all(callable(module.build_app) for module in found.values())
+    serve_command = next(action for action in build_parser()._actions if action.dest == "command").choices["serve"]
+    assert all(entry.app_summary in serve_command.description for entry in SERVED)  # the help says what each shows
 
 
 def test_serve_without_gradio_is_one_line(mtdnn_sample_folder, monkeypatch, capsys):
@@ -34,7 +41,7 @@ def test_a_folder_without_a_model_is_one_line(tmp_path, capsys):
     assert err.startswith(f"hf-ext: error: cannot load a model config from {tmp_path}: ") and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("model_type", ["ernie2-pretraining", "bert"])
+@pytest.mark.parametrize("model_type", [*NOT_SERVED, "bert"])
 def test_a_model_type_without_an_app_is_one_line(tmp_path, capsys, monkeypatch, model_type):
     from transformers import AutoConfig
 
@@ -43,8 +50,9 @@ def test_a_model_type_without_an_app_is_one_line(tmp_path, capsys, monkeypatch, 
     AutoConfig.for_model(model_type, vocab_size=10, hidden_size=8, num_hidden_layers=1,
                          num_attention_heads=2).save_pretrained(tmp_path)
     assert cli_exit_code(["serve", tmp_path]) == 1
+    served = ", ".join(sorted(entry.model_type for entry in SERVED))
     assert capsys.readouterr().err == (f"hf-ext: error: no app for model type '{model_type}' (hf-ext serve has apps "
-                                       "for mt-dnn, optimus, universal-transformer)\n")
+                                       f"for {served})\n")
 
 
 @pytest.mark.parametrize("port", ["0", "65536", "http"])

@@ -104,7 +104,7 @@ def test_optimus_interpolation_follows_the_slider(page, optimus_sample_folder, t
 
 def test_universal_transformer_halting_map(page, algorithmic_seq2seq_folder, tmp_path):
     from hf_ext.models.universal_transformer.app import UniversalTransformerApp
-    from hf_ext.models.universal_transformer.commands import load_model_and_tokenizer
+    from hf_ext.models.universal_transformer.loading import load_model_and_tokenizer
 
     expected, _ = UniversalTransformerApp(*load_model_and_tokenizer(str(algorithmic_seq2seq_folder))
                                           ).halting_map("31415", 0)

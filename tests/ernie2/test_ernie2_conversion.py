@@ -23,7 +23,8 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer, ErnieForPreTraining
 
 from hf_ext.checkpoints import load_numpy_pickle, safe_torch_load
-from hf_ext.cli import convert_main, main
+from hf_ext.cli import main
+from hf_ext.cli_utils import convert_main
 from hf_ext.conversion import Tolerance
 from hf_ext.errors import HfExtError
 from hf_ext.models.ernie2 import conversion as ernie2_conversion

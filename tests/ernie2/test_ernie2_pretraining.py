@@ -49,9 +49,8 @@ from hf_ext.models.ernie2.data import (
     load_labelled_pairs,
     word_splitter,
 )
+from hf_ext.models.ernie2.schedule import PAPER_SCHEDULE, ContinualSchedule
 from hf_ext.models.ernie2.training import (
-    PAPER_SCHEDULE,
-    ContinualSchedule,
     StageBatchSampler,
     continual_pretraining,
     finetune_glue,

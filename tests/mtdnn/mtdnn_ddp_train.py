@@ -13,8 +13,10 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, TrainingArguments
 
-from hf_ext.models.mtdnn import MTDNNConfig, MTDNNModel
-from hf_ext.models.mtdnn.training import MTDNNTrainer, load_mtdnn_json
+from hf_ext.models.mtdnn import MTDNNModel
+from hf_ext.models.mtdnn.data import load_mtdnn_json
+from hf_ext.models.mtdnn.task_defs import config_from_task_def_yaml
+from hf_ext.models.mtdnn.training import MTDNNTrainer
 
 TASKS = ["mnli", "cola", "qnnli", "stsb"]
 
@@ -22,7 +24,7 @@ TASKS = ["mnli", "cola", "qnnli", "stsb"]
 def main(task_def, data_dir, out):
     encoder = BertConfig(vocab_size=99, hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
                          intermediate_size=40, max_position_embeddings=48)
-    config = MTDNNConfig.from_task_def_yaml(task_def, encoder, task_names=TASKS, san={"num_turns": 2})
+    config = config_from_task_def_yaml(task_def, encoder, task_names=TASKS, san={"num_turns": 2})
     torch.manual_seed(0)  # the same initial weights on both ranks
     model = MTDNNModel(config)
     data = {task: load_mtdnn_json(Path(data_dir) / f"{task}_dev.json", config, task) for task in TASKS}

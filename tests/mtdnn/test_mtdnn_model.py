@@ -24,6 +24,7 @@ from transformers import (
 import hf_ext  # noqa: F401  (registers the Auto classes)
 from hf_ext.models.mtdnn import MTDNNConfig, MTDNNForSequenceClassification, MTDNNModel, premise_hypothesis_masks
 from hf_ext.models.mtdnn.modeling_mtdnn import variational_dropout
+from hf_ext.models.mtdnn.task_defs import config_from_task_def_yaml
 
 SAN = {"num_turns": 3, "memory_type": 1, "memory_dropout": 0.1, "merge_opt": 1, "rnn_type": "gru"}
 TASK_DEF_YAML = textwrap.dedent("""\
@@ -67,7 +68,7 @@ def encoder(**changes):
 
 
 def tiny_config(san=None, group_sizes=None, default_task=None, **encoder_changes):
-    return MTDNNConfig.from_task_def_yaml(TASK_DEF_YAML, encoder(**encoder_changes), san=san or SAN,
+    return config_from_task_def_yaml(TASK_DEF_YAML, encoder(**encoder_changes), san=san or SAN,
                                           group_sizes=group_sizes or {"rank": 3}, default_task=default_task)
 
 
@@ -125,7 +126,7 @@ def test_task_def_yaml_maps_every_field():
 def test_task_names_choose_and_order_tasks(tmp_path):
     path = tmp_path / "task_def.yml"
     path.write_text(TASK_DEF_YAML)
-    config = MTDNNConfig.from_task_def_yaml(path, encoder(), task_names=["sts", "sst"])
+    config = config_from_task_def_yaml(path, encoder(), task_names=["sts", "sst"])
     assert config.task_names == ["sts", "sst"]
     assert config.task_index("sst") == 1 and config.task(0)["type"] == "regression"
 
@@ -155,17 +156,17 @@ def test_config_round_trips_through_json(tmp_path):
 ])
 def test_bad_task_definitions_raise_one_clear_line(yaml_text, message):
     with pytest.raises(ValueError) as error:
-        MTDNNConfig.from_task_def_yaml(yaml_text + "\n", encoder())
+        config_from_task_def_yaml(yaml_text + "\n", encoder())
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
 def test_missing_task_file_and_unknown_tasks_are_refused(tmp_path):
     with pytest.raises(ValueError, match="cannot read the task-definition file"):
-        MTDNNConfig.from_task_def_yaml(tmp_path / "absent.yml", encoder())
+        config_from_task_def_yaml(tmp_path / "absent.yml", encoder())
     with pytest.raises(ValueError, match="task.s. qqp are not defined"):
-        MTDNNConfig.from_task_def_yaml(TASK_DEF_YAML, encoder(), task_names=["sst", "qqp"])
+        config_from_task_def_yaml(TASK_DEF_YAML, encoder(), task_names=["sst", "qqp"])
     with pytest.raises(ValueError, match="group sizes given for unknown task"):
-        MTDNNConfig.from_task_def_yaml(TASK_DEF_YAML, encoder(), group_sizes={"copa": 2})
+        config_from_task_def_yaml(TASK_DEF_YAML, encoder(), group_sizes={"copa": 2})
     with pytest.raises(ValueError, match="default_task 'qqp' is not one of the tasks"):
         tiny_config(default_task="qqp")
     with pytest.raises(ValueError, match="unknown SAN setting"):
@@ -417,14 +418,32 @@ def test_fine_tuned_classifier_still_loads_as_the_multi_task_model(saved_model, 
     assert not torch.equal(reloaded.heads["sts"].out_proj.weight, original.heads["sts"].out_proj.weight)
 
 
+def test_saved_remote_code_passes_transformers_import_check_without_pyyaml(tmp_path, monkeypatch):
+    """transformers' own check of a remote-code folder (`check_imports`, which imports every module its files import,
+    indented imports included) passes where PyYAML cannot be imported: the task-definition YAML is read outside the
+    remote code."""
+    from transformers.dynamic_module_utils import check_imports
+
+    from hf_ext.export import write_model_folder
+    from hf_ext.models.mtdnn import ENTRY
+
+    model = tiny_model(seed=4)
+    write_model_folder(tmp_path, MTDNNModel, model.config, model.state_dict(), ENTRY.auto_map)
+    files = sorted(path.name for path in tmp_path.glob("*.py"))
+    assert files == ["configuration_mtdnn.py", "modeling_mtdnn.py"]
+    monkeypatch.setitem(sys.modules, "yaml", None)  # what `import yaml` meets where PyYAML is not installed
+    for name in files:
+        check_imports(tmp_path / name)
+
+
 @pytest.mark.slow
 def test_saved_folder_loads_as_remote_code_without_hf_ext(tmp_path):
     from hf_ext.export import write_model_folder
-    from hf_ext.models.mtdnn.conversion import AUTO_MAP
+    from hf_ext.models.mtdnn import ENTRY
 
     model = tiny_model(seed=4)
     (tmp_path / "m").mkdir()
-    write_model_folder(tmp_path / "m", MTDNNModel, model.config, model.state_dict(), AUTO_MAP)
+    write_model_folder(tmp_path / "m", MTDNNModel, model.config, model.state_dict(), ENTRY.auto_map)
     with torch.no_grad():
         expected = model(**BATCH, task="nli").logits
     torch.save(BATCH, tmp_path / "batch.pt")

@@ -30,19 +30,18 @@ from hf_ext.cli import main
 from hf_ext.errors import HfExtError
 from hf_ext.lora import add_lora, load_lora
 from hf_ext.metrics import load_metric, metric_path
-from hf_ext.models.mtdnn import MTDNNConfig, MTDNNModel
+from hf_ext.models.mtdnn import MTDNNModel
 from hf_ext.models.mtdnn.modeling_mtdnn import MTDNNOutput
-from hf_ext.models.mtdnn.training import (
+from hf_ext.models.mtdnn.data import (
     MTDNNCollator,
-    MTDNNTrainer,
     MultiTaskBatchSampler,
-    add_soft_labels,
-    distillation_loss,
     load_glue_tsv,
     load_mtdnn_json,
     mixed_task_order,
-    teacher_soft_labels,
 )
+from hf_ext.models.mtdnn.distillation import add_soft_labels, distillation_loss, teacher_soft_labels
+from hf_ext.models.mtdnn.task_defs import config_from_task_def_yaml
+from hf_ext.models.mtdnn.training import MTDNNTrainer
 from hf_ext.sample_text import train_bert_vocab
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -73,7 +72,7 @@ def tiny_config(tasks=TASKS, vocab_size=99, task_def=None):
     encoder = BertConfig(vocab_size=vocab_size, hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
                          intermediate_size=40, max_position_embeddings=64)
     text = task_def or (FIXTURE / "task_def.yml").read_text() + TASK_DEF_EXTRA
-    return MTDNNConfig.from_task_def_yaml(text, encoder, task_names=tasks, san={"num_turns": 2})
+    return config_from_task_def_yaml(text, encoder, task_names=tasks, san={"num_turns": 2})
 
 
 def tiny_model(seed=0, **kwargs):

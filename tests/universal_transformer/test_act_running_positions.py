@@ -12,6 +12,7 @@ import torch
 from hf_ext import UniversalTransformerConfig, UniversalTransformerForSeq2SeqLM, UniversalTransformerModel
 from hf_ext.lora import add_lora
 from hf_ext.models.universal_transformer import modeling_universal_transformer as modeling
+from hf_ext.models.universal_transformer import modeling_universal_transformer_packed as fast_path
 
 ATOL = 2e-5
 
@@ -135,13 +136,13 @@ def test_folded_keys_and_values_equal_the_projected_ones(layer_norm_type):
     states = torch.randn(2, 5, 32, generator=generator) * 2 + 0.5
     signals = torch.randn(3, 32, generator=generator)
     halted = torch.rand(2, 5, generator=generator) < 0.6
-    frozen = modeling.FrozenKeyValues(layer.self_attn, layer.self_attn_layer_norm, signals, states)
-    frozen.freeze(modeling.flat_indices(halted), states[halted])
-    running_index = modeling.flat_indices(~halted)
+    frozen = fast_path.FrozenKeyValues(layer.self_attn, layer.self_attn_layer_norm, signals, states)
+    frozen.freeze(fast_path.flat_indices(halted), states[halted])
+    running_index = fast_path.flat_indices(~halted)
     for step in range(len(signals)):
         normed = layer.self_attn_layer_norm(states + signals[step])
         rows = torch.cat([layer.self_attn.k_proj(normed), layer.self_attn.v_proj(normed)], -1)[~halted]
-        key, value = modeling.KeysAndValuesWithHalted.apply(*frozen(step), ~halted, running_index, rows, 32)
+        key, value = fast_path.KeysAndValuesWithHalted.apply(*frozen(step), ~halted, running_index, rows, 32)
         for computed, projection in ((key, layer.self_attn.k_proj), (value, layer.self_attn.v_proj)):
             torch.testing.assert_close(computed, projection(normed), atol=1e-5, rtol=0)
 
@@ -155,8 +156,8 @@ def test_gradients_of_keys_and_values_with_halted_positions():
     projected, scale, signal_term, bias, rows = (torch.randn(shape, generator=generator, dtype=torch.float64,
                                                              requires_grad=True) for shape in shapes)
     assert torch.autograd.gradcheck(
-        lambda *tensors: modeling.KeysAndValuesWithHalted.apply(*tensors[:4], running, modeling.flat_indices(running),
-                                                                tensors[4], 2),
+        lambda *tensors: fast_path.KeysAndValuesWithHalted.apply(*tensors[:4], running,
+                                                                 fast_path.flat_indices(running), tensors[4], 2),
         (projected, scale, signal_term, bias, rows))
 
 

@@ -3,8 +3,8 @@ library's halting map and the greedy output, and bad input gets one clear messag
 
 import pytest
 
-from hf_ext.models.universal_transformer.commands import load_model_and_tokenizer
-from hf_ext.models.universal_transformer.training import halting_map
+from hf_ext.models.universal_transformer.loading import load_model_and_tokenizer
+from hf_ext.models.universal_transformer.halting_map import halting_map
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 APP_FOLDER = "algorithmic_seq2seq_folder"  # the `client` fixture serves it

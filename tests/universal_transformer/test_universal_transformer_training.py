@@ -22,6 +22,7 @@ from hf_ext.errors import HfExtError
 from hf_ext.lora import add_lora
 from hf_ext.metrics import metric_path
 from hf_ext.models.universal_transformer import modeling_universal_transformer
+from hf_ext.models.universal_transformer.halting_map import halting_map, plot_halting_map
 from hf_ext.models.universal_transformer.training import (
     SYMBOLS,
     PositionOffsetCollator,
@@ -30,8 +31,6 @@ from hf_ext.models.universal_transformer.training import (
     algorithmic_tokenizer,
     count_parameters,
     evaluate_algorithmic,
-    halting_map,
-    plot_halting_map,
     teacher_forced_accuracy,
     train_algorithmic,
     vanilla_transformer,

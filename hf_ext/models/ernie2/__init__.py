@@ -2,7 +2,7 @@
 seven pre-training tasks. Converted checkpoints themselves are plain transformers `ernie` folders (`hf-ext convert
 ernie2`); this model continues their pre-training."""
 
-from ...registration import auto_map, register_auto_classes
+from ...registration import ModelEntry
 from .configuration_ernie2 import (
     IR_RELEVANCE_CLASSES,
     PRETRAINING_TASKS,
@@ -21,17 +21,20 @@ from .modeling_ernie2 import (
     task_loss,
 )
 
-AUTO_CLASSES = {"AutoModelForPreTraining": Ernie2ForPreTraining}
-AUTO_MAP = auto_map(Ernie2PreTrainingConfig, AUTO_CLASSES)
+# Converted checkpoints are transformers' own `ernie` folders, which `hf-ext export onnx` exports; the pre-training
+# model registered here takes no LoRA and has no app.
+ENTRY = ModelEntry(
+    package=__name__,
+    display_name="ERNIE 2.0",
+    config_class=Ernie2PreTrainingConfig,
+    auto_classes={"AutoModelForPreTraining": Ernie2ForPreTraining},
+    top_level=("Ernie2ForPreTraining", "Ernie2PreTrainingConfig"),
+    card_template="ernie2",
+    conversion_script="convert_ernie2_paddle_checkpoint.py",
+    export_onnx="export_onnx",
+)
 
-TOP_LEVEL = ["Ernie2ForPreTraining", "Ernie2PreTrainingConfig"]  # re-exported by hf_ext
-
-def register() -> None:
-    """Register the model with transformers' Auto classes (done by `import hf_ext`)."""
-    register_auto_classes(Ernie2PreTrainingConfig, AUTO_CLASSES)
-
-
-__all__ = ["AUTO_CLASSES", "AUTO_MAP", "IGNORE_INDEX", "IR_RELEVANCE_CLASSES", "PRETRAINING_TASKS",
-           "SENTENCE_DISTANCE_CLASSES", "TOKEN_LEVEL_TASKS", "TOP_LEVEL", "Ernie2ForPreTraining",
-           "Ernie2PreTrainingConfig", "Ernie2PreTrainingOutput", "encoder_settings", "register",
-           "sentence_reordering_classes", "sentence_reordering_label", "sentence_reordering_permutation", "task_loss"]
+__all__ = ["ENTRY", "IGNORE_INDEX", "IR_RELEVANCE_CLASSES", "PRETRAINING_TASKS", "SENTENCE_DISTANCE_CLASSES",
+           "TOKEN_LEVEL_TASKS", "Ernie2ForPreTraining", "Ernie2PreTrainingConfig", "Ernie2PreTrainingOutput",
+           "encoder_settings", "sentence_reordering_classes", "sentence_reordering_label",
+           "sentence_reordering_permutation", "task_loss"]

@@ -5,14 +5,14 @@ import argparse
 import json
 
 from ...arguments import nonnegative_int, number_in, positive_float, positive_int
-from ...cli import add_model_argument, model_commands
+from ...cli_utils import add_model_argument, model_commands
 from ...errors import require
 from . import conversion
 
 
-def register(commands: argparse._SubParsersAction, converters: argparse._SubParsersAction) -> None:
-    """`hf-ext convert ernie2` and the `hf-ext ernie2` commands."""
-    tools = model_commands(commands, converters, conversion, "ERNIE 2.0 continual pre-training and GLUE fine-tuning",
+def register(commands: argparse._SubParsersAction) -> None:
+    """The `hf-ext ernie2` commands."""
+    tools = model_commands(commands, conversion.CONVERT_NAME, "ERNIE 2.0 continual pre-training and GLUE fine-tuning",
                            "Continue ERNIE 2.0 pre-training stage by stage, export the result, "
                            "fine-tune it on GLUE tasks.")
     # the training modules (transformers.Trainer, datasets) are imported only when a tool runs
@@ -121,7 +121,8 @@ def _pretrain(args):
 
     from ...output import atomic_output_dir
     from .data import PAIR_TASKS, load_documents, pretraining_datasets
-    from .training import PAPER_SCHEDULE, ContinualSchedule, continual_pretraining, load_pretraining_model
+    from .schedule import PAPER_SCHEDULE, ContinualSchedule
+    from .training import continual_pretraining, load_pretraining_model
 
     out = Path(args.output_dir)
     require(not out.exists() or out.is_dir(), f"output {out} exists and is not a folder")
@@ -159,13 +160,14 @@ def _pretrain(args):
 def _schedule(args):
     import yaml
 
-    from .training import PAPER_SCHEDULE
+    from .schedule import PAPER_SCHEDULE
 
     print(yaml.safe_dump(PAPER_SCHEDULE.to_dict(), sort_keys=False), end="")
 
 
 def _export(args):
-    from ...errors import HfExtError, load_config, loading
+    from ...errors import HfExtError
+    from ...loading import load_config, loading
     from ...output import atomic_output_dir, check_output_dir
     from . import Ernie2ForPreTraining
 

@@ -32,7 +32,9 @@ from ...checkpoints import load_numpy_pickle
 from ...conversion import (Compared, ParityCheck, Tolerance, add_output_arguments, compare_with_reference,
                            load_reference, print_parity, require_parity)
 from ...errors import HfExtError, one_line
-from ...export import empty_model, expected_tensors, file_record, read_json, sha256, write_model_folder
+from ...export import empty_model, expected_tensors, file_record, sha256, write_model_folder
+from ...text_files import read_json
+from . import ENTRY
 from .configuration_ernie2 import validate_ernie_encoder
 
 logger = logging.get_logger(__name__)
@@ -628,7 +630,7 @@ def convert_ernie2_checkpoint(src: str | Path, out: str | Path, *, vocab: str | 
             require_parity(parity, reference)
         repo_id = push_to_hub or Path(out).name
         write_model_card(
-            staging, "ernie2",
+            staging, ENTRY.card_template,
             card_data(license="apache-2.0", tags=["ernie", "ernie-2.0", "fill-mask"], pipeline_tag="fill-mask"),
             model_name=Path(out).name, repo_id=repo_id, config=config, source_format=source.describe(),
             original_layer_norm_eps=layer_norm_eps == ORIGINAL_LAYER_NORM_EPS, hf_ext_version=__version__,

@@ -44,11 +44,10 @@ from ...errors import HfExtError
 from ...text_files import json_lines, read_lines
 from . import IGNORE_INDEX, IR_RELEVANCE_CLASSES, PRETRAINING_TASKS, TOKEN_LEVEL_TASKS, sentence_reordering_label
 from .configuration_ernie2 import Ernie2PreTrainingConfig
+from .schedule import ContinualSchedule
 
-if TYPE_CHECKING:  # datasets is imported only when data is built; training imports this module
+if TYPE_CHECKING:  # datasets is imported only when data is built
     from datasets import Dataset, DatasetDict
-
-    from .training import ContinualSchedule
 
 DOCUMENT_TASKS = ("knowledge_masking", "capitalization", "token_document_relation", "sentence_reordering",
                   "sentence_distance")
@@ -574,7 +573,7 @@ class Ernie2DataBuilder:
 
 
 def pretraining_datasets(tokenizer: PreTrainedTokenizerFast, config: Ernie2PreTrainingConfig,
-                         schedule: "ContinualSchedule", documents: "Dataset",
+                         schedule: ContinualSchedule, documents: "Dataset",
                          pair_files: Mapping[str, str | Path | None] | None = None,
                          entity_lexicon: str | Path | None = None, phrase_lexicon: str | Path | None = None,
                          span_heuristics: bool = True, max_length: int = 128,

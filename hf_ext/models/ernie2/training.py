@@ -2,9 +2,10 @@
 fine-tuning of the result through transformers' own `ErnieForSequenceClassification`.
 
 The continual schedule is a list of stages; each names the tasks it trains and how many optimizer steps each gets
-(`ContinualSchedule`, `PAPER_SCHEDULE`). `continual_pretraining` runs one `Ernie2PreTrainer` per stage, each starting
-from the weights the previous stage ended with, with its own optimizer and learning-rate schedule (the paper restarts
-the warm-up for every task). Within a stage every batch holds one task; `StageBatchSampler` gives the rule.
+(`ContinualSchedule`, `PAPER_SCHEDULE` in `schedule.py`). `continual_pretraining` runs one `Ernie2PreTrainer` per
+stage, each starting from the weights the previous stage ended with, with its own optimizer and learning-rate
+schedule (the paper restarts the warm-up for every task). Within a stage every batch holds one task;
+`StageBatchSampler` gives the rule.
 
 Layout of `args.output_dir`: `schedule.json` (the run's schedule; a resumed run must have the same), and per stage
 `stage-<k>/` (the stage's `Trainer` output: `checkpoint-<step>/` folders) with `stage-<k>/model/` (the weights at the
@@ -17,7 +18,6 @@ import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,15 +36,15 @@ from transformers import (
 )
 from transformers.utils import ModelOutput, logging
 
-from ...errors import HfExtError, quoted
+from ...errors import HfExtError
 from ...glue import GLUE_LAYOUTS, glue_task, glue_task_spec, read_glue_tsv
 from ...metrics import load_metric
 from ...output import atomic_output_dir
-from ...text_files import BoundedYamlLoader
 from ...trainer import TermLoggingTrainer, last_complete_checkpoint, send_logs_to_stderr
 from . import PRETRAINING_TASKS, Ernie2ForPreTraining
 from .configuration_ernie2 import validate_ernie_encoder
 from .data import Ernie2PreTrainingCollator
+from .schedule import ContinualSchedule
 
 if TYPE_CHECKING:  # datasets is imported only when data is read
     from datasets import Dataset
@@ -54,96 +54,6 @@ logger = logging.get_logger(__name__)
 SCHEDULE_FILE = "schedule.json"
 STAGE_MODEL = "model"
 LOG_HISTORY = "log_history.json"
-
-
-# ----- the schedule ------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Stage:
-    """One stage: `steps` maps each task it trains to its optimizer steps in the stage."""
-
-    steps: dict
-    name: str | None = None
-
-    @property
-    def total_steps(self) -> int:
-        return sum(self.steps.values())
-
-
-@dataclass(frozen=True)
-class ContinualSchedule:
-    """The stages of a continual pre-training run, in order. As a file (YAML or JSON):
-
-    ```yaml
-    stages:
-      - name: knowledge masking          # optional
-        steps: {knowledge_masking: 20000}
-      - steps: {knowledge_masking: 10000, capitalization: 30000}
-    ```
-    The paper's continual scheme trains every earlier task again with the new one; nothing here enforces it, so
-    the sequential (one task per stage) and plain multi-task (one stage) baselines are schedules too.
-    """
-
-    stages: tuple
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "schedule") -> "ContinualSchedule":
-        if not isinstance(data, dict) or set(data) != {"stages"} or not isinstance(data["stages"], list) \
-                or not data["stages"]:
-            raise HfExtError(f"{where}: a schedule is a mapping with one key, `stages`: a non-empty list of stages")
-        stages = []
-        for number, stage in enumerate(data["stages"], 1):
-            here = f"{where}, stage {number}"
-            if not isinstance(stage, dict) or not isinstance(stage.get("steps"), dict) or not stage["steps"] \
-                    or set(stage) - {"steps", "name"}:
-                raise HfExtError(f"{here}: a stage is a mapping with `steps` ({{task: steps}}) and an optional `name`")
-            unknown = sorted(set(stage["steps"]) - set(PRETRAINING_TASKS))
-            if unknown:
-                raise HfExtError(f"{here}: unknown task(s) {', '.join(map(str, unknown))} (known: "
-                                 f"{', '.join(PRETRAINING_TASKS)})")
-            for task, steps in stage["steps"].items():
-                if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-                    raise HfExtError(f"{here}: the steps of {task} must be a positive integer, got {quoted(steps)}")
-            name = stage.get("name")
-            if name is not None and not isinstance(name, str):
-                raise HfExtError(f"{here}: name must be a string")
-            stages.append(Stage(dict(stage["steps"]), name))
-        return cls(tuple(stages))
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> "ContinualSchedule":
-        """A schedule from a YAML or JSON file (JSON is YAML); an alias bomb is refused (`BoundedYamlLoader`)."""
-        import yaml
-
-        path = Path(path)
-        if not path.is_file():
-            raise HfExtError(f"schedule file {path} does not exist")
-        try:
-            data = yaml.load(path.read_text(encoding="utf-8"), Loader=BoundedYamlLoader)
-        except (yaml.YAMLError, UnicodeDecodeError) as error:
-            raise HfExtError(f"schedule file {path} is not YAML/JSON: {str(error).splitlines()[0]}") from None
-        return cls.from_dict(data, str(path))
-
-    def to_dict(self) -> dict[str, list[dict[str, Any]]]:
-        return {"stages": [{**({"name": stage.name} if stage.name else {}), "steps": dict(stage.steps)}
-                           for stage in self.stages]}
-
-    @property
-    def tasks(self) -> list[str]:
-        """Every task the schedule trains, in order of first appearance."""
-        return list(dict.fromkeys(task for stage in self.stages for task in stage.steps))
-
-
-# The paper's continual scheme as the reference doc gives it (each task 50k steps in all; approximate, from the
-# paper's comparison of training schemes).
-PAPER_SCHEDULE = ContinualSchedule.from_dict({"stages": [
-    {"name": "stage 1", "steps": {"knowledge_masking": 20000}},
-    {"name": "stage 2", "steps": {"knowledge_masking": 10000, "capitalization": 30000}},
-    {"name": "stage 3", "steps": {"knowledge_masking": 10000, "capitalization": 10000,
-                                  "token_document_relation": 40000}},
-    {"name": "stage 4", "steps": {"knowledge_masking": 10000, "capitalization": 10000,
-                                  "token_document_relation": 10000, "sentence_reordering": 50000}},
-]})
 
 
 # ----- batches -----------------------------------------------------------------------------------------------------
@@ -447,6 +357,5 @@ def finetune_glue(model_name_or_path: str | Path, task: str, train_file: str | P
     return trainer, metrics
 
 
-__all__ = ["ContinualSchedule", "Ernie2PreTrainer", "PAPER_SCHEDULE", "Stage", "StageBatchSampler", "TaskIdCollator",
-           "continual_pretraining", "finetune_glue", "glue_metrics", "load_glue_dataset",
-           "load_pretraining_model"]
+__all__ = ["Ernie2PreTrainer", "StageBatchSampler", "TaskIdCollator", "continual_pretraining", "finetune_glue",
+           "glue_metrics", "load_glue_dataset", "load_pretraining_model"]

@@ -1,6 +1,6 @@
 """MT-DNN: multi-task BERT with linear and SAN heads (Liu et al., ACL 2019)."""
 
-from ...registration import auto_map, register_auto_classes
+from ...registration import BERT_ATTENTION, LoraPlan, ModelEntry
 from .configuration_mtdnn import MTDNNConfig
 from .modeling_mtdnn import (
     MTDNNForSequenceClassification,
@@ -12,16 +12,20 @@ from .modeling_mtdnn import (
     task_loss,
 )
 
-AUTO_CLASSES = {"AutoModel": MTDNNModel, "AutoModelForSequenceClassification": MTDNNForSequenceClassification}
-AUTO_MAP = auto_map(MTDNNConfig, AUTO_CLASSES)
+ENTRY = ModelEntry(
+    package=__name__,
+    display_name="MT-DNN",
+    config_class=MTDNNConfig,
+    auto_classes={"AutoModel": MTDNNModel, "AutoModelForSequenceClassification": MTDNNForSequenceClassification},
+    top_level=("MTDNNConfig", "MTDNNForSequenceClassification", "MTDNNModel"),
+    card_template="mtdnn",
+    conversion_script="convert_mtdnn_original_checkpoint.py",
+    # the shared encoder's self-attention; every task head in full
+    lora=LoraPlan(BERT_ATTENTION, lambda model: [f"heads.{name}" for name in model.config.task_names]),
+    app="app",
+    app_summary="MT-DNN's predictions of every task head",
+    export_onnx="export_onnx",
+)
 
-TOP_LEVEL = ["MTDNNConfig", "MTDNNForSequenceClassification", "MTDNNModel"]  # re-exported by hf_ext
-
-def register() -> None:
-    """Register the model with transformers' Auto classes (done by `import hf_ext`)."""
-    register_auto_classes(MTDNNConfig, AUTO_CLASSES)
-
-
-__all__ = ["AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "MTDNNConfig", "MTDNNForSequenceClassification",
-           "MTDNNModel", "MTDNNOutput", "MTDNNPreTrainedModel", "MTDNNSANStates", "premise_hypothesis_masks",
-           "register", "task_loss"]
+__all__ = ["ENTRY", "MTDNNConfig", "MTDNNForSequenceClassification", "MTDNNModel", "MTDNNOutput",
+           "MTDNNPreTrainedModel", "MTDNNSANStates", "premise_hypothesis_masks", "task_loss"]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ...errors import load_config, load_tokenizer, loading
+from ...loading import load_config, load_tokenizer, loading
 from ...hub import model_name
 from ...serve import MAX_TEXT_CHARS, checked_text, user_errors
 from . import MTDNNConfig

@@ -4,7 +4,7 @@ evaluation and best-checkpoint selection, LoRA, and distillation from teacher en
 import argparse
 
 from ...arguments import fraction, nonnegative_float, number_in, positive_float, positive_int
-from ...cli import add_model_argument, model_commands
+from ...cli_utils import add_model_argument, model_commands
 from ...errors import require
 from . import conversion
 
@@ -19,9 +19,9 @@ DEFAULT_SEED = 2018
 DEFAULT_MAX_LENGTH = 512
 
 
-def register(commands: argparse._SubParsersAction, converters: argparse._SubParsersAction) -> None:
-    """`hf-ext convert mtdnn` and the `hf-ext mtdnn` commands."""
-    tools = model_commands(commands, converters, conversion, "MT-DNN multi-task training and distillation",
+def register(commands: argparse._SubParsersAction) -> None:
+    """The `hf-ext mtdnn` commands."""
+    tools = model_commands(commands, conversion.CONVERT_NAME, "MT-DNN multi-task training and distillation",
                            "Fine-tune an MT-DNN model on several tasks at once (a folder or a Hub "
                            "repo id), or distil teacher models into it.")
     parser = tools.add_parser("train", help="multi-task fine-tuning with the original's task mixing",
@@ -129,8 +129,10 @@ def _load_model(args, tasks):
     """The model to train: an MT-DNN model, or (--task-def) a BERT model with new heads for `tasks`."""
     from transformers import AutoModel
 
-    from ...errors import HfExtError, load_config, loading
+    from ...errors import HfExtError
+    from ...loading import load_config, loading
     from . import MTDNNConfig, MTDNNModel
+    from .task_defs import config_from_task_def_yaml
 
     trust = args.trust_remote_code
     if args.task_def is None:
@@ -142,7 +144,7 @@ def _load_model(args, tasks):
     require(config.model_type == "bert", f"--task-def puts new heads on a BERT encoder, but {args.model} holds a "
             f"{config.model_type!r} model")
     try:
-        mtdnn = MTDNNConfig.from_task_def_yaml(args.task_def, config, task_names=tasks)
+        mtdnn = config_from_task_def_yaml(args.task_def, config, task_names=tasks)
     except ValueError as error:
         raise HfExtError(str(error)) from None
     with loading("a model", args.model):
@@ -165,7 +167,7 @@ def _load_tokenizer(args):
 def _load_teachers(args, tasks):
     from transformers import AutoModel
 
-    from ...errors import loading
+    from ...loading import loading
 
     teachers = []
     for source in args.teacher:
@@ -190,7 +192,8 @@ def _run(args, distill=False):
     from ...lora import add_lora
     from ...output import check_output_dir
     from ...trainer import print_summary, save_training_run, training_arguments, training_output
-    from .training import load_task_files, task_metric_names, train_mtdnn
+    from .data import load_task_files
+    from .training import task_metric_names, train_mtdnn
 
     train_files, eval_files, layouts = _check_arguments(args)
     check_output_dir(args.output_dir, args.overwrite)

@@ -2,13 +2,11 @@
 
 import math
 import numbers
-import os
 import re
 import reprlib
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
 from torch import nn
 from transformers import BertConfig, PretrainedConfig
 
@@ -37,12 +35,11 @@ TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 ENCODER_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                  "max_position_embeddings", "type_vocab_size")
 
-# Copied from hf_ext.errors (remote code imports only torch, transformers and its own folder)
+# the constants of `quoted`, copied from hf_ext.errors (remote code imports only torch, transformers and its own
+# folder; tests/test_security.py keeps them equal)
 MAX_QUOTED_CHARS = 60  # of a user value quoted in an error message
 _SHORT_REPR = reprlib.Repr()
 _SHORT_REPR.maxlevel, _SHORT_REPR.maxstring, _SHORT_REPR.maxother = 3, MAX_QUOTED_CHARS, MAX_QUOTED_CHARS
-# Copied from hf_ext.text_files
-MAX_ALIAS_VALUES = 100_000  # values that aliases may add to a YAML document: far above what a settings file needs
 
 
 class MTDNNConfig(PretrainedConfig):
@@ -152,27 +149,6 @@ class MTDNNConfig(PretrainedConfig):
             raise ValueError(f"group sizes given for unknown task(s) {', '.join(unknown)}")
         tasks = [task_from_original(name, task_defs[name], san, group_sizes.get(name)) for name in names]
         return cls(encoder=encoder_config, tasks=tasks, **kwargs)
-
-    @classmethod
-    def from_task_def_yaml(cls, path_or_text: str | os.PathLike, encoder_config: BertConfig | dict[str, Any],
-                           task_names: list[str] | None = None, san: dict[str, Any] | None = None,
-                           group_sizes: Mapping[str, int] | None = None, **kwargs: Any) -> "MTDNNConfig":
-        """`from_task_defs` on a task-definition YAML file (the original's `glue_task_def.yml` format) or its text."""
-        text = path_or_text
-        if isinstance(path_or_text, os.PathLike) or "\n" not in str(path_or_text):
-            try:
-                with open(path_or_text, encoding="utf-8") as handle:
-                    text = handle.read()
-            except OSError as error:
-                raise ValueError(f"cannot read the task-definition file {path_or_text}: {error.strerror}") from None
-        try:
-            task_defs = yaml.load(text, Loader=BoundedYamlLoader)
-        except yaml.YAMLError as error:
-            where = getattr(error, "problem_mark", None)
-            line = f" at line {where.line + 1}" if where is not None else ""
-            raise ValueError(f"malformed task-definition YAML{line}: {getattr(error, 'problem', None) or error}") \
-                from None
-        return cls.from_task_defs(task_defs, encoder_config, task_names, san, group_sizes, **kwargs)
 
 
 def task_from_original(name: str, definition: dict[str, Any], san: dict[str, Any] | None = None,
@@ -336,40 +312,6 @@ def quoted(value: object) -> str:
     text = _SHORT_REPR.repr(value)
     return text if len(text) <= MAX_QUOTED_CHARS else text[:MAX_QUOTED_CHARS - 3] + "..."
 
-
-# Copied from hf_ext.text_files.BoundedYamlLoader
-class BoundedYamlLoader(yaml.SafeLoader):
-    """PyYAML's safe loader refusing a document whose aliases expand it by more than `MAX_ALIAS_VALUES` values or
-    refer to a node that holds them, and one nested too deeply to parse. An alias stands for an earlier node, so a
-    few lines of nested aliases stand for billions of values (the "billion laughs"), which anything that walks the
-    result would expand: an error message quoting it, for one. Measured on the composed nodes, before any Python
-    object is built. Use as `yaml.load(text, Loader=BoundedYamlLoader)`."""
-
-    def get_single_node(self) -> yaml.Node | None:
-        try:
-            node = super().get_single_node()
-        except RecursionError:
-            raise yaml.YAMLError("the document is nested too deeply") from None
-        sizes: dict[int, int] = {}
-        if node is not None and expanded_values(node, sizes, set()) - len(sizes) > MAX_ALIAS_VALUES:
-            raise yaml.YAMLError(f"its aliases expand it by more than {MAX_ALIAS_VALUES} values (an alias bomb)")
-        return node
-
-
-# Copied from hf_ext.text_files.expanded_values
-def expanded_values(node: yaml.Node, sizes: dict[int, int], walking: set[int]) -> int:
-    """How many values `node` stands for with its aliases expanded, counting each node once (`sizes` keeps the count
-    of the nodes met so far, so an alias costs nothing however often it repeats); a `yaml.YAMLError` for an alias
-    inside the node it names (`walking` holds the nodes being counted)."""
-    if id(node) in walking:
-        raise yaml.composer.ComposerError(None, None, "an alias refers to a node that holds it", node.start_mark)
-    if id(node) not in sizes:
-        walking.add(id(node))
-        children = [child for pair in node.value for child in pair] if isinstance(node, yaml.MappingNode) else \
-            node.value if isinstance(node, yaml.SequenceNode) else []
-        sizes[id(node)] = 1 + sum(expanded_values(child, sizes, walking) for child in children)
-        walking.discard(id(node))
-    return sizes[id(node)]
 
 
 __all__ = ["MTDNNConfig"]

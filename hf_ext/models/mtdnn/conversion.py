@@ -28,7 +28,8 @@ from ...conversion import (Compared, ParityCheck, Tolerance, add_output_argument
                            load_reference, print_parity, require_parity)
 from ...errors import HfExtError, one_line
 from ...export import file_record, write_model_folder
-from . import AUTO_MAP, MTDNNConfig, MTDNNModel
+from . import ENTRY, MTDNNConfig, MTDNNModel
+from .task_defs import config_from_task_def_yaml
 
 logger = logging.get_logger(__name__)
 
@@ -306,7 +307,7 @@ def build_config(state: dict[str, torch.Tensor], opt: dict[str, Any], path: str 
               "default_task": default_task}
     try:
         if task_def is not None:
-            config = MTDNNConfig.from_task_def_yaml(Path(task_def), encoder, **kwargs)
+            config = config_from_task_def_yaml(Path(task_def), encoder, **kwargs)
         else:
             config = MTDNNConfig.from_task_defs(task_defs_from_checkpoint(opt, names, path), encoder, **kwargs)
     except ValueError as error:
@@ -434,7 +435,8 @@ def convert_mtdnn_checkpoint(checkpoint: str | Path, out: str | Path, *, task_de
         notes.append(f"no tokenizer in the folder: use the one of {opt.get('bert_model_type', 'the BERT encoder')}")
     with atomic_output_dir(out, overwrite) as staging:
         logger.info(f"writing {len(weights)} tensors to {staging}")
-        write_model_folder(staging, MTDNNModel, config, weights, AUTO_MAP, processor=processor, source=str(checkpoint))
+        write_model_folder(staging, MTDNNModel, config, weights, ENTRY.auto_map, processor=processor,
+                           source=str(checkpoint))
         logger.info("checking the written folder")
         model = MTDNNModel.from_pretrained(staging).eval()
         loaded = model.state_dict()
@@ -445,7 +447,7 @@ def convert_mtdnn_checkpoint(checkpoint: str | Path, out: str | Path, *, task_de
             parity += compare_with_reference(model, reference_tensors, reference, reference_outputs)
         require_parity(parity, reference)
         write_model_card(
-            staging, "mtdnn",
+            staging, ENTRY.card_template,
             card_data(license="mit", tags=["mt-dnn", "multi-task", "bert", "text-classification"],
                       pipeline_tag="text-classification"),
             model_name=Path(out).name, repo_id=push_to_hub or Path(out).name, tasks=config.tasks,

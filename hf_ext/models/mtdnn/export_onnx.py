@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from transformers import AutoModel, PretrainedConfig
 
-from ...errors import loading
+from ...loading import loading
 from ...onnx_export import TEXT_AXES, TEXT_INPUTS, ExportPlan, Inputs, OnnxGraph, text_inputs
 from .modeling_mtdnn import MTDNNModel
 

@@ -12,8 +12,8 @@ import torch
 from ...errors import HfExtError
 from ...hub import model_name
 from ...serve import MAX_TEXT_CHARS, checked_float, checked_int, checked_text, user_errors
-from .commands import load_optimus
 from .latent_space import OptimusLatentSpace
+from .loading import load_optimus
 from .samples import bundled_sentences
 
 if TYPE_CHECKING:  # gradio and matplotlib are optional

@@ -7,17 +7,18 @@ import json
 import torch
 
 from ...arguments import fraction, nonnegative_float, number_in, positive_float, positive_int, probability
-from ...cli import add_model_argument, model_commands
+from ...cli_utils import add_model_argument, model_commands
 from ...errors import require
-from . import OptimusModel, OptimusProcessor, conversion
+from . import conversion
 from .demo import add_demo_command
+from .loading import load_optimus
 
 CHECKPOINTS_SUFFIX = "-checkpoints"  # OUTPUT_DIR-checkpoints/: the run's Trainer checkpoints, until it ends
 
 
-def register(commands: argparse._SubParsersAction, converters: argparse._SubParsersAction) -> None:
-    """`hf-ext convert optimus` and the `hf-ext optimus` commands."""
-    tools = model_commands(commands, converters, conversion, "Optimus latent-space tools and training",
+def register(commands: argparse._SubParsersAction) -> None:
+    """The `hf-ext optimus` commands."""
+    tools = model_commands(commands, conversion.CONVERT_NAME, "Optimus latent-space tools and training",
                            "Work with an Optimus model (a folder or a Hub repo id).")
 
     def tool(name, help_text, handler):
@@ -141,20 +142,6 @@ def _register_training_tools(tools):
     parser.add_argument("--samples-per-pass", type=positive_int, default=5, help="samples decoded at once (default 5)")
     parser.add_argument("--au-threshold", type=nonnegative_float, default=0.01,
                         help="posterior-mean variance that makes a latent dimension active (default 0.01)")
-
-
-def load_optimus(source: str, trust_remote_code: bool = False) -> tuple[OptimusModel, OptimusProcessor]:
-    """An Optimus model and its processor from `source` (a folder or Hub repo id); one error line when they do not
-    load or `source` holds another kind of model."""
-    from transformers import AutoModel, AutoProcessor
-
-    from ...errors import load_config, loading
-    from . import OptimusConfig
-
-    load_config(source, OptimusConfig.model_type, "an Optimus model", trust_remote_code)
-    with loading("an Optimus model", source):
-        return (AutoModel.from_pretrained(source, trust_remote_code=trust_remote_code),
-                AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code))
 
 
 def _load_optimus(args):

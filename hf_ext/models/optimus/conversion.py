@@ -23,8 +23,9 @@ from ...checkpoints import load_state_dict, safe_torch_load
 from ...conversion import (Compared, ParityCheck, Tolerance, add_output_arguments, compare_with_reference, exact_check,
                            load_reference, print_parity, require_parity)
 from ...errors import HfExtError, one_line
-from ...export import file_record, read_json, write_model_folder
-from . import AUTO_MAP, OptimusConfig, OptimusModel, OptimusProcessor
+from ...export import file_record, write_model_folder
+from ...text_files import read_json
+from . import ENTRY, OptimusConfig, OptimusModel, OptimusProcessor
 
 logger = logging.get_logger(__name__)
 
@@ -348,7 +349,7 @@ def convert(original: OptimusOriginal, staging: Path, processor: OptimusProcesso
     state = convert_state_dict(original.encoder_state, original.decoder_state)
     source = str(original.source.full_checkpoint or original.source.encoder_dir.parent)
     logger.info(f"writing {len(state)} tensors to {staging}")
-    write_model_folder(staging, OptimusModel, config, state, AUTO_MAP, processor=processor, source=source)
+    write_model_folder(staging, OptimusModel, config, state, ENTRY.auto_map, processor=processor, source=source)
     return config
 
 
@@ -486,7 +487,7 @@ def convert_optimus_checkpoint(src: str | Path | None = None, out: str | Path | 
             require_parity(parity, reference)
             repo_id = push_to_hub or Path(out).name
             write_model_card(
-                staging, "optimus",
+                staging, ENTRY.card_template,
                 card_data(license="mit", tags=["optimus", "vae", "text-generation"], pipeline_tag="text-generation",
                           base_model=_base_models(original.args)),
                 model_name=Path(out).name, repo_id=repo_id, latent_size=config.latent_size,

@@ -19,7 +19,8 @@ from torch import nn
 from transformers import AutoModel, PretrainedConfig
 from transformers.cache_utils import DynamicCache
 
-from ...errors import HfExtError, loading
+from ...errors import HfExtError
+from ...loading import loading
 from ...onnx_export import TEXT_AXES, TEXT_INPUTS, ExportPlan, Inputs, OnnxGraph, session, text_inputs
 from .modeling_optimus import CACHE_NAME, OptimusModel
 

@@ -1,6 +1,8 @@
 """Universal Transformer with Adaptive Computation Time (Dehghani et al., ICLR 2019), as tensor2tensor implements it."""
 
-from ...registration import auto_map, register_auto_classes
+from transformers import PreTrainedModel
+
+from ...registration import LoraPlan, ModelEntry
 from .configuration_universal_transformer import UniversalTransformerConfig
 from .modeling_universal_transformer import (
     UniversalTransformerForSeq2SeqLM,
@@ -13,23 +15,39 @@ from .modeling_universal_transformer import (
     timing_signal,
 )
 
-AUTO_CLASSES = {
-    "AutoModel": UniversalTransformerModel,
-    "AutoModelForSequenceClassification": UniversalTransformerForSequenceClassification,
-    "AutoModelForSeq2SeqLM": UniversalTransformerForSeq2SeqLM,
-}
-AUTO_MAP = auto_map(UniversalTransformerConfig, AUTO_CLASSES)
 
-TOP_LEVEL = ["UniversalTransformerConfig", "UniversalTransformerForSeq2SeqLM",
-             "UniversalTransformerForSequenceClassification", "UniversalTransformerModel"]  # re-exported by hf_ext
-
-def register() -> None:
-    """Register the model with transformers' Auto classes (done by `import hf_ext`)."""
-    register_auto_classes(UniversalTransformerConfig, AUTO_CLASSES)
+def _lora_task_type(model: PreTrainedModel) -> str | None:
+    if model.can_generate():
+        return "SEQ_2_SEQ_LM"  # PeftModelForSeq2SeqLM, which generates
+    return "SEQ_CLS" if hasattr(model, "classifier") else "FEATURE_EXTRACTION"
 
 
-__all__ = ["AUTO_CLASSES", "AUTO_MAP", "TOP_LEVEL", "UniversalTransformerConfig",
+ENTRY = ModelEntry(
+    package=__name__,
+    display_name="Universal Transformer",
+    config_class=UniversalTransformerConfig,
+    auto_classes={
+        "AutoModel": UniversalTransformerModel,
+        "AutoModelForSequenceClassification": UniversalTransformerForSequenceClassification,
+        "AutoModelForSeq2SeqLM": UniversalTransformerForSeq2SeqLM,
+    },
+    top_level=("UniversalTransformerConfig", "UniversalTransformerForSeq2SeqLM",
+               "UniversalTransformerForSequenceClassification", "UniversalTransformerModel"),
+    card_template="universal_transformer",
+    conversion_script="convert_universal_transformer_original_checkpoint.py",
+    # attention and the transition function of any kind (fc, sepconv, conv); the halting units and the classifier
+    # in full (the seq2seq output layer is the shared embedding and stays frozen)
+    lora=LoraPlan(
+        ("q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2", "pointwise1", "pointwise2", "conv1", "conv2"),
+        lambda model: (["halting"] if model.config.use_act else []) + (
+            ["classifier"] if hasattr(model, "classifier") else []),
+        task_type=_lora_task_type),
+    app="app",
+    app_summary="the Universal Transformer's halting map",
+    export_onnx="export_onnx",
+)
+
+__all__ = ["ENTRY", "UniversalTransformerConfig",
            "UniversalTransformerForSeq2SeqLM", "UniversalTransformerForSequenceClassification",
            "UniversalTransformerModel", "UniversalTransformerModelOutput", "UniversalTransformerPreTrainedModel",
-           "UniversalTransformerSeq2SeqLMOutput", "UniversalTransformerSequenceClassifierOutput", "register",
-           "timing_signal"]
+           "UniversalTransformerSeq2SeqLMOutput", "UniversalTransformerSequenceClassifierOutput", "timing_signal"]

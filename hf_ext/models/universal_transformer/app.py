@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from ...hub import model_name
 from ...serve import MAX_TEXT_CHARS, checked_int, checked_text, user_errors
 from . import UniversalTransformerForSeq2SeqLM
-from .commands import load_model_and_tokenizer
-from .training import HaltingRow, halting_map, halting_map_figure
+from .halting_map import HaltingRow, halting_map, halting_map_figure
+from .loading import load_model_and_tokenizer
 
 if TYPE_CHECKING:  # gradio and matplotlib are optional
     import gradio as gr

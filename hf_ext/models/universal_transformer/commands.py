@@ -4,17 +4,16 @@ the paper's algorithmic tasks, and plot the halting map of an input."""
 import argparse
 import json
 
-from transformers import PreTrainedTokenizerBase
-
 from ...arguments import fraction, positive_float, positive_int
-from ...cli import add_model_argument, model_commands
+from ...cli_utils import add_model_argument, model_commands
 from ...errors import require
-from . import UniversalTransformerPreTrainedModel, conversion
+from . import conversion
+from .loading import load_model_and_tokenizer
 
 
-def register(commands: argparse._SubParsersAction, converters: argparse._SubParsersAction) -> None:
-    """`hf-ext convert universal-transformer` and the `hf-ext universal-transformer` commands."""
-    tools = model_commands(commands, converters, conversion, "Universal Transformer training and halting maps",
+def register(commands: argparse._SubParsersAction) -> None:
+    """The `hf-ext universal-transformer` commands."""
+    tools = model_commands(commands, conversion.CONVERT_NAME, "Universal Transformer training and halting maps",
                            "Train a Universal Transformer on an algorithmic task, or plot how long "
                            "each position of an input ponders.")
 
@@ -109,30 +108,11 @@ def _train_algorithmic(args):
     print(json.dumps({"output_dir": str(args.output_dir), **results}))
 
 
-def load_model_and_tokenizer(source: str, trust_remote_code: bool = False,
-                             ) -> tuple[UniversalTransformerPreTrainedModel, PreTrainedTokenizerBase]:
-    """A Universal Transformer (as the seq2seq or classification model its config's architectures name, else the
-    encoder) and its tokenizer from `source` (a folder or Hub repo id); one error line when either does not load."""
-    from transformers import AutoModel, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
-
-    from ...errors import load_config, load_tokenizer, loading
-    from . import UniversalTransformerConfig
-
-    config = load_config(source, UniversalTransformerConfig.model_type, "a Universal Transformer", trust_remote_code)
-    architectures = " ".join(config.architectures or [])
-    auto_class = (AutoModelForSeq2SeqLM if "Seq2SeqLM" in architectures
-                  else AutoModelForSequenceClassification if "SequenceClassification" in architectures else AutoModel)
-    tokenizer = load_tokenizer(source, trust_remote_code)
-    with loading("a Universal Transformer", source):
-        model = auto_class.from_pretrained(source, trust_remote_code=trust_remote_code)
-    return model, tokenizer
-
-
 def _halting_map(args):
     from pathlib import Path
 
     from ...plots import require_matplotlib
-    from .training import halting_map, plot_halting_map
+    from .halting_map import halting_map, plot_halting_map
 
     out = Path(args.out)
     require(out.parent.is_dir(), f"the folder of {out} does not exist")

@@ -26,8 +26,9 @@ from ...checkpoints import load_state_dict
 from ...conversion import (EXACT, Compared, ParityCheck, Tolerance, add_output_arguments, compare_with_reference,
                            exact_check, load_reference, print_parity, require_parity)
 from ...errors import HfExtError
-from ...export import empty_model, expected_tensors, file_record, read_json, write_model_folder
-from . import AUTO_MAP, UniversalTransformerConfig, UniversalTransformerForSequenceClassification
+from ...export import empty_model, expected_tensors, file_record, write_model_folder
+from ...text_files import read_json
+from . import ENTRY, UniversalTransformerConfig, UniversalTransformerForSequenceClassification
 
 logger = logging.get_logger(__name__)
 
@@ -216,7 +217,7 @@ def convert_universal_transformer_checkpoint(src: str | Path, out: str | Path, *
                  "computes it for any length (equal values within that range)")
     with atomic_output_dir(out, overwrite) as staging:
         logger.info(f"writing {len(state)} tensors to {staging}")
-        write_model_folder(staging, UniversalTransformerForSequenceClassification, config, state, AUTO_MAP,
+        write_model_folder(staging, UniversalTransformerForSequenceClassification, config, state, ENTRY.auto_map,
                            source=str(src / WEIGHTS_FILE))
         logger.info("checking the written folder")
         model = UniversalTransformerForSequenceClassification.from_pretrained(staging).eval()
@@ -229,7 +230,7 @@ def convert_universal_transformer_checkpoint(src: str | Path, out: str | Path, *
         require_parity(parity, reference)
         repo_id = push_to_hub or Path(out).name
         write_model_card(
-            staging, "universal_transformer",
+            staging, ENTRY.card_template,
             card_data(license="mit", tags=["universal-transformer", "adaptive-computation-time", "babi"],
                       pipeline_tag="text-classification"),
             model_name=Path(out).name, repo_id=repo_id, config=config, hf_ext_version=__version__,

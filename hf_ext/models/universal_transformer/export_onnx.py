@@ -11,7 +11,8 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from ...errors import HfExtError, loading
+from ...errors import HfExtError
+from ...loading import loading
 from ...onnx_export import TEXT_AXES, ExportPlan, Inputs, OnnxGraph, text_inputs
 from . import modeling_universal_transformer as modeling
 

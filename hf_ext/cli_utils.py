@@ -1,0 +1,170 @@
+"""What the `hf-ext` program (`hf_ext.cli`), the model command modules and the `conversion/` scripts share: the
+parser class, the arguments every model command takes, a model's command group and converter, and running a parsed
+command, the one place where a failure becomes one `PROG: error: ...` line and an exit code.
+
+Every failure a user can cause (bad input, refused checkpoint, bad argument) ends with one `hf-ext: error: ...`
+line on stderr and a non-zero exit; set HF_EXT_DEBUG=1 for the traceback.
+"""
+
+import argparse
+import contextlib
+import logging as pylogging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from types import ModuleType
+from typing import NoReturn
+
+from .errors import HfExtError, one_line, redact, remote_code_refusal
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one `<program>: error: ...` line (exit 2) like every other failure, not a usage dump;
+    subcommand parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        program = self.prog.split()[0]  # "hf-ext convert NAME" -> "hf-ext"
+        # redacted: argparse echoes what it did not understand, a token after a mistyped --token included
+        self.exit(2, redact(f"{program}: error: {message} (see {self.prog} --help)") + "\n")
+
+
+def model_commands(commands: argparse._SubParsersAction, name: str, help_text: str,
+                   description: str) -> argparse._SubParsersAction:
+    """A model's command group `hf-ext NAME TOOL` (NAME: its conversion's `CONVERT_NAME`, as `hf-ext convert NAME`).
+    Returns the group's subparsers, for its tools."""
+    group = commands.add_parser(name, help=help_text, description=description)
+    return group.add_subparsers(dest="tool", required=True, metavar="TOOL")
+
+
+def add_model_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """The positional MODEL (a folder or Hub repo id) and `--trust-remote-code`, as every command that loads a model
+    takes them."""
+    parser.add_argument("model", help=help_text)
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
+
+
+def add_converter(converters: argparse._SubParsersAction, conversion: ModuleType) -> None:
+    """`hf-ext convert NAME` for a model's conversion module: its `CONVERT_NAME` and `CONVERT_SUMMARY`, its options
+    (`add_arguments(parser)`) and its work (`run(args)`)."""
+    parser = converters.add_parser(conversion.CONVERT_NAME, help=conversion.CONVERT_SUMMARY,
+                                   description=f"Convert {conversion.CONVERT_SUMMARY}.")
+    conversion.add_arguments(parser)
+    parser.set_defaults(handler=conversion.run)
+
+
+def checked_argv(parser: argparse.ArgumentParser, argv: list[str] | None) -> list[str]:
+    """The arguments, refused as a usage error when one holds bytes that are not UTF-8 (Python keeps them as lone
+    surrogates, which file names for safetensors and the Hub, and printed text, cannot hold)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    for argument in argv:
+        try:
+            argument.encode("utf-8")
+        except UnicodeEncodeError:
+            parser.error(f"argument '{argument.encode('utf-8', 'backslashreplace').decode()}' is not valid UTF-8")
+    return argv
+
+
+def convert_main(conversion: ModuleType, argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Entry point of a `conversion/` script: `hf-ext convert NAME` of a model's conversion module, under the
+    script's own name."""
+    parser = Parser(prog=prog, description=f"Convert {conversion.CONVERT_SUMMARY} (same as `hf-ext convert "
+                    f"{conversion.CONVERT_NAME}`).")
+    conversion.add_arguments(parser)
+    parser.set_defaults(handler=conversion.run)
+    return execute(parser.parse_args(checked_argv(parser, argv)), parser.prog)
+
+
+def needs_the_hub(args: argparse.Namespace) -> bool:
+    """Whether a command may reach the Hub: `push`, `--push-to-hub`, or a model argument that is no local path (a
+    repo id). Every other command reads and writes local files only, so it runs with the Hub switched off."""
+    if getattr(args, "command", None) == "push" or getattr(args, "push_to_hub", None):
+        return True
+    models = [getattr(args, "model", None), *(getattr(args, "teacher", None) or [])]
+    return any(isinstance(name, str) and not os.path.exists(name) for name in models)
+
+
+class Terminated(BaseException):
+    """SIGTERM (from `timeout`, Slurm, `docker stop`), raised like KeyboardInterrupt so that staging folders are
+    removed on the way out."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def terminate_as_exception() -> Iterator[None]:
+    """SIGTERM raises `Terminated` while a command runs (in the main thread only, where Python handles signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def describe_failure(error: BaseException) -> str:
+    """One line for an unexpected failure: its type and the first line of its message, with the file an OSError
+    names."""
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        return f"{type(error).__name__}: {error.filename}: {error.strerror}"
+    if isinstance(error, MemoryError):
+        return "MemoryError: out of memory (an input announces more data than can be held: is it corrupt?)"
+    return f"{type(error).__name__}: {one_line(error)}"
+
+
+def execute(args: argparse.Namespace, prog: str) -> int:
+    """Run a parsed command. This is the one place where failures become one `PROG: error: ...` line and an exit code:
+    1 for anything raised (HF_EXT_DEBUG=1 re-raises it for the traceback), 130 for Ctrl-C, 143 for SIGTERM."""
+    from .hub import hub_offline
+
+    _quiet_libraries()
+    try:
+        with terminate_as_exception(), contextlib.nullcontext() if needs_the_hub(args) else hub_offline():
+            args.handler(args)
+    except HfExtError as error:
+        return _fail(prog, remote_code_refusal(error) or str(error))
+    except KeyboardInterrupt:
+        return _fail(prog, "interrupted", code=130)
+    except Terminated:
+        return _fail(prog, "terminated (SIGTERM)", code=128 + signal.SIGTERM)
+    except Exception as error:  # noqa: BLE001 - every failure ends as one line; HF_EXT_DEBUG shows the traceback
+        if os.environ.get("HF_EXT_DEBUG"):
+            raise
+        return _fail(prog, remote_code_refusal(error) or describe_failure(error))
+    return 0
+
+
+def _fail(prog, message, code=1):
+    sys.stderr.write(f"{prog}: error: {redact(message)}\n")
+    sys.stderr.flush()
+    return code
+
+
+def _quiet_libraries():
+    """transformers' notices off (a command reports what matters itself); hf-ext's own log lines on stderr."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    hf_ext_logger = logging.get_logger("hf_ext")
+    if not any(isinstance(handler, StderrLines) for handler in hf_ext_logger.handlers):
+        hf_ext_logger.addHandler(StderrLines())
+    hf_ext_logger.setLevel(pylogging.INFO)
+    hf_ext_logger.propagate = False
+
+
+class StderrLines(pylogging.Handler):
+    """hf-ext's log records as lines on stderr: progress as it is, warnings prefixed. `sys.stderr` is looked up at
+    each record (so that redirections and pytest's capture apply), and each line goes out in one write, so that a
+    Ctrl-C cannot leave a line unfinished for the error message to be glued to."""
+
+    def emit(self, record: pylogging.LogRecord) -> None:
+        message = record.getMessage()
+        if record.levelno >= pylogging.WARNING:
+            message = f"{record.levelname.lower()}: {message}"
+        sys.stderr.write(f"{message}\n")

@@ -1,0 +1,51 @@
+"""Loading a model's configuration and tokenizer from a folder or Hub repo id, and the translation of loading
+failures (missing or unreadable files, corrupt weights, invalid configs) into one `HfExtError` line."""
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from .errors import HfExtError, one_line
+
+if TYPE_CHECKING:  # transformers is imported only when a config is loaded
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+
+@contextlib.contextmanager
+def loading(what: str, source: object) -> Iterator[None]:
+    """Turn a failure to load `what` from `source` (a folder or Hub repo id) inside the block into one `HfExtError`
+    line naming both: missing or unreadable files, truncated or corrupt safetensors weights, invalid configs."""
+    from huggingface_hub.errors import StrictDataclassError
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as error:
+        raise HfExtError(f"cannot load {what} from {source}: its safetensors weights are corrupt or truncated "
+                         f"({one_line(error)})") from None
+    except (OSError, ValueError, StrictDataclassError) as error:
+        raise HfExtError(f"cannot load {what} from {source}: {one_line(error)}") from None
+
+
+def load_config(source: str, expected_type: str | None = None, description: str | None = None,
+                trust_remote_code: bool = False, hint: str = "") -> "PretrainedConfig":
+    """The configuration of `source` (a folder or Hub repo id), with one error line when it does not load or, given
+    `expected_type`, when it holds another kind of model (`description` names the expected kind, `hint` may say
+    what to do instead). Checked before any weights are read."""
+    from transformers import AutoConfig
+
+    with loading("a model config", source):
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    if expected_type is not None and config.model_type != expected_type:
+        raise HfExtError(f"{source} holds a {config.model_type!r} model, not {description or expected_type}{hint}")
+    return config
+
+
+def load_tokenizer(source: str, trust_remote_code: bool = False) -> "PreTrainedTokenizerBase":
+    """The tokenizer of `source` (a folder or Hub repo id), with one error line when it has none that loads."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise HfExtError(f"{source} has no usable tokenizer: {one_line(error)}") from None

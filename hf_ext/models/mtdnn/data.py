@@ -1,0 +1,394 @@
+"""The data of MT-DNN multi-task training: GLUE TSV files and the original's preprocessed JSON lines as `datasets`,
+one per task, their collator, and the original's task-mixing batch sampler.
+
+Facts from namisan/mt-dnn (HEAD 3228e7c): `mt_dnn/batcher.py` (MultiTaskBatchSampler, DistMultiTaskBatchSampler,
+Collater), `experiments/glue/glue_utils.py` (the TSV layouts), `prepro_std.py` (the JSON-lines format).
+"""
+
+import bisect
+import itertools
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+from transformers.utils import logging
+
+from ...errors import HfExtError
+from ...glue import read_glue_tsv
+from ...text_files import json_lines
+from .configuration_mtdnn import MTDNNConfig
+
+if TYPE_CHECKING:  # datasets is imported only when used
+    from datasets import Dataset
+
+logger = logging.get_logger(__name__)
+
+
+def _task(config, task):
+    try:
+        spec = config.task(task)
+    except ValueError as error:
+        raise HfExtError(str(error)) from None
+    return spec, config.task_index(spec["name"])
+
+
+def load_glue_tsv(path: str | Path, config: MTDNNConfig, task: str | int, tokenizer: PreTrainedTokenizerBase,
+                  max_length: int = 512, layout: str | None = None) -> "Dataset":
+    """A GLUE-format TSV file as a tokenized `datasets.Dataset` for one task of an MT-DNN model: `read_glue_tsv`
+    (`hf_ext.glue`) with the task's description from `config` (`task` is its name or index), plus the `task`
+    column (the task's index)."""
+    spec, index = _task(config, task)
+    dataset = read_glue_tsv(path, spec, tokenizer, max_length, layout)
+    return dataset.add_column("task", [index] * len(dataset))
+
+
+def load_mtdnn_json(path: str | Path, config: MTDNNConfig, task: str | int, max_length: int | None = None,
+                    ) -> "Dataset":
+    """The original's preprocessed JSON lines (`prepro_std.py`: `uid`, `label`, `token_id`, `type_id`, optional
+    `attention_mask` and `softlabel`) as a `datasets.Dataset` for one task of an MT-DNN model.
+
+    Ranking rows hold the task's `group_size` candidates (`token_id` is a list of K token lists) and the index of the
+    positive one as `label`. With `max_length`, longer rows are dropped, as the original's training does. A
+    `softlabel` field (soft targets for distillation) becomes the `soft_labels` column.
+    """
+    from datasets import Dataset
+
+    spec, index = _task(config, task)
+    vocab_size = config.encoder.vocab_size
+    positions = config.encoder.max_position_embeddings
+    ranking = spec["type"] == "ranking"
+    pairs = spec["data_format"] != "PremiseOnly"  # segment 1 holds the hypothesis
+    columns = {"input_ids": [], "token_type_ids": [], "attention_mask": [], "labels": [], "soft_labels": []}
+    dropped = 0
+    for where, sample in json_lines(path, "JSON-lines file"):
+        if not isinstance(sample, dict) or "token_id" not in sample or "type_id" not in sample:
+            raise HfExtError(f"{where}: a row needs token_id and type_id (the original's prepro_std.py format)")
+        ids, types = sample["token_id"], sample["type_id"]
+        mask = sample.get("attention_mask")
+        if ranking:
+            if not (isinstance(ids, list) and len(ids) == spec["group_size"] and all(isinstance(r, list) for r in ids)):
+                raise HfExtError(f"{where}: ranking task {spec['name']} needs {spec['group_size']} candidate token "
+                                 "lists per row")
+            groups, type_groups = ids, types
+            mask = mask if mask is not None else [[1] * len(row) for row in ids]
+            mask_groups = mask
+        else:
+            groups, type_groups = [ids], [types]
+            mask = mask if mask is not None else [1] * len(ids) if isinstance(ids, list) else None
+            mask_groups = [mask]
+        if not (isinstance(type_groups, list) and isinstance(mask_groups, list)
+                and len(groups) == len(type_groups) == len(mask_groups)):
+            raise HfExtError(f"{where}: token_id, type_id and attention_mask must have the same layout")
+        for row, row_types, row_mask in zip(groups, type_groups, mask_groups):
+            if not (isinstance(row, list) and row and all(isinstance(t, int) for t in row)
+                    and isinstance(row_types, list) and isinstance(row_mask, list)
+                    and len(row) == len(row_types) == len(row_mask)):
+                raise HfExtError(f"{where}: token_id, type_id and attention_mask must be equally long lists of ids")
+            if max(row) >= vocab_size or min(row) < 0:
+                raise HfExtError(f"{where}: token id {max(row)} is outside the model's vocabulary of {vocab_size}")
+            if any(row_types) != pairs:
+                raise HfExtError(f"{where}: a {'single sentence' if pairs else 'sentence pair'} where task "
+                                 f"{spec['name']} reads {spec['data_format']} rows (see type_id)")
+        longest = max(len(row) for row in groups)
+        if max_length is not None and longest > max_length:
+            dropped += 1
+            continue
+        if longest > positions:
+            raise HfExtError(f"{where}: {longest} tokens, more than the model's {positions} positions")
+        if "label" in sample:
+            columns["labels"].append(_json_label(sample["label"], spec, where))
+        if "softlabel" in sample:
+            columns["soft_labels"].append(_soft_label(sample["softlabel"], spec, where))
+        columns["input_ids"].append(ids)
+        columns["token_type_ids"].append(types)
+        columns["attention_mask"].append(mask)
+    count = len(columns["input_ids"])
+    if not count:
+        limit = f" of at most {max_length} tokens" if dropped else ""
+        raise HfExtError(f"JSON-lines file {path} has no rows{limit}")
+    for name in ("labels", "soft_labels"):
+        if len(columns[name]) not in (0, count):
+            raise HfExtError(f"{path}: some rows have a {'label' if name == 'labels' else 'softlabel'} and some do not")
+        if not columns[name]:
+            del columns[name]
+    if dropped:
+        logger.warning(f"{path}: dropped {dropped} row(s) longer than {max_length} tokens")
+    return Dataset.from_dict({**columns, "task": [index] * count})
+
+
+def _json_label(value, spec, where):
+    if spec["type"] == "regression":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise HfExtError(f"{where}: label {value!r} of regression task {spec['name']} is not a number")
+        return float(value)
+    classes = spec["group_size"] if spec["type"] == "ranking" else spec["num_labels"]
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < classes:
+        what = "candidate index" if spec["type"] == "ranking" else "class id"
+        raise HfExtError(f"{where}: label {value!r} is not a {what} below {classes}")
+    return value
+
+
+def _soft_label(value, spec, where):
+    width = soft_label_width(spec)
+    if not (isinstance(value, list) and len(value) == width and all(isinstance(v, (int, float)) for v in value)):
+        raise HfExtError(f"{where}: softlabel must be a list of {width} numbers for task {spec['name']}")
+    return [float(v) for v in value]
+
+
+def soft_label_width(spec: dict[str, Any]) -> int:
+    """Numbers per soft target: class probabilities, candidate probabilities (ranking) or one score (regression)."""
+    if spec["type"] == "ranking":
+        return spec["group_size"]
+    return spec["num_labels"]  # 1 for regression
+
+
+def load_task_file(path: str | Path, config: MTDNNConfig, task: str | int,
+                   tokenizer: PreTrainedTokenizerBase | None = None, max_length: int = 512,
+                   layout: str | None = None) -> "Dataset":
+    """`load_glue_tsv` for `.tsv` files, `load_mtdnn_json` (already tokenized) for `.json`/`.jsonl` files."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".tsv":
+        if tokenizer is None:
+            raise HfExtError(f"{path}: TSV data needs a tokenizer")
+        return load_glue_tsv(path, config, task, tokenizer, max_length, layout)
+    if suffix in (".json", ".jsonl"):
+        return load_mtdnn_json(path, config, task)
+    raise HfExtError(f"{path}: data files are GLUE .tsv files or the original's preprocessed .json lines")
+
+
+class MTDNNCollator:
+    """Pads one task's rows into a batch: `input_ids` (with `pad_token_id`), `token_type_ids` and `attention_mask`
+    (0 on padding, on the right as the original's collater), `task`, and `labels`/`soft_labels` when present.
+    Ranking rows (groups of K candidates) become K consecutive rows each, candidate-major, with one label per group.
+    """
+
+    def __init__(self, pad_token_id=0, pad_to_multiple_of=None):
+        self.pad_token_id = pad_token_id
+        self.pad_to_multiple_of = pad_to_multiple_of
+
+    def __call__(self, features):
+        tasks = {int(feature["task"]) for feature in features}
+        if len(tasks) != 1:
+            raise ValueError(f"a batch holds one task, this one mixes tasks {sorted(tasks)}")
+        grouped = isinstance(features[0]["input_ids"][0], list)
+        if grouped and len({len(feature["input_ids"]) for feature in features}) != 1:
+            raise ValueError("the ranking groups of a batch must have the same number of candidates")
+        keys = ("input_ids", "token_type_ids", "attention_mask")
+        rows = [row for feature in features
+                for row in (zip(*(feature[key] for key in keys)) if grouped else [tuple(feature[key] for key in keys)])]
+        width = max(len(ids) for ids, _, _ in rows)
+        if self.pad_to_multiple_of:
+            width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        token_type_ids = torch.zeros((len(rows), width), dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, (ids, types, mask) in enumerate(rows):
+            input_ids[i, :len(ids)] = torch.tensor(ids)
+            token_type_ids[i, :len(ids)] = torch.tensor(types)
+            attention_mask[i, :len(ids)] = torch.tensor(mask)
+        batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
+                 "task": torch.full((len(features),), tasks.pop(), dtype=torch.long)}
+        if features[0].get("labels") is not None:
+            batch["labels"] = torch.tensor([feature["labels"] for feature in features])
+        if features[0].get("soft_labels") is not None:
+            batch["soft_labels"] = torch.tensor([feature["soft_labels"] for feature in features], dtype=torch.float32)
+        return batch
+
+
+class MultiTaskDataset(torch.utils.data.Dataset):
+    """Task datasets side by side, addressed by one flat index (all rows of the first dataset, then the second's...).
+
+    Args:
+        datasets (`dict[str, datasets.Dataset]` or a list): one dataset per task, each with a `task` column holding
+            one task. Their order is the sampler's task order: the first is the main task of `mix_opt=1` and
+            `ratio > 0`, as the first of the original's `--train_datasets`.
+    """
+
+    def __init__(self, datasets):
+        named = datasets if isinstance(datasets, dict) else {str(i): d for i, d in enumerate(datasets)}
+        if not named:
+            raise ValueError("give at least one task dataset")
+        self.datasets = list(named.values())
+        for name, dataset in named.items():
+            if len(dataset) == 0:
+                raise ValueError(f"task dataset {name} is empty")
+            tasks = dataset.unique("task") if hasattr(dataset, "unique") else {row["task"] for row in dataset}
+            if len(tasks) != 1:
+                raise ValueError(f"task dataset {name} must hold one task (its task column has {sorted(tasks)})")
+        self.task_sizes = [len(dataset) for dataset in self.datasets]
+        self.offsets = [0, *itertools.accumulate(self.task_sizes)]
+
+    def __len__(self):
+        return self.offsets[-1]
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(dataset position, row) of a flat index."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} is out of range for {len(self)} rows")
+        position = bisect.bisect_right(self.offsets, index) - 1
+        return position, index - self.offsets[position]
+
+    def __getitem__(self, index):
+        position, row = self.locate(index)
+        return self.datasets[position][row]
+
+    def __getitems__(self, indices):
+        located = [self.locate(index) for index in indices]
+        positions = {position for position, _ in located}
+        if len(positions) == 1 and hasattr(self.datasets[located[0][0]], "__getitems__"):
+            return self.datasets[located[0][0]].__getitems__([row for _, row in located])
+        return [self.datasets[position][row] for position, row in located]
+
+
+def load_task_files(config: MTDNNConfig, train_files: Iterable[tuple[str, str | Path]],
+                    eval_files: Iterable[tuple[str, str, str | Path]] = (),
+                    tokenizer: PreTrainedTokenizerBase | None = None, max_length: int = 512,
+                    layouts: Mapping[str, str] | None = None) -> tuple[dict[str, "Dataset"], dict[str, "Dataset"]]:
+    """The training and evaluation data of a multi-task run: `train_files` as `(task, path)` pairs and `eval_files`
+    as `(task, name, path)` triples (a task may be evaluated on several files, e.g. MNLI matched and mismatched),
+    read with `load_task_file` (`layouts` maps a task to the GLUE layout of its .tsv files). Returns the dicts
+    `{task: dataset}` and `{name: dataset}` that `MTDNNTrainer` takes; every file must have labels."""
+    layouts = layouts or {}
+
+    def load(task, path):
+        return load_task_file(path, config, task, tokenizer, max_length, layouts.get(task))
+
+    train = {task: load(task, path) for task, path in train_files}
+    evaluation = {name: load(task, path) for task, name, path in eval_files}
+    unlabelled = [name for name, dataset in {**train, **evaluation}.items() if "labels" not in dataset.column_names]
+    if unlabelled:
+        raise HfExtError(f"the data of {', '.join(unlabelled)} has no labels")
+    return train, evaluation
+
+
+# ----- the original's task mixing ---------------------------------------------------------------------------------
+
+def mixed_task_order(batches_per_task: Sequence[int], mix_opt: int, ratio: float, py_random: random.Random,
+                     np_random: np.random.RandomState) -> list[int]:
+    """The task of every batch of one epoch, as the original's `MultiTaskBatchSampler._gen_task_indices` with
+    `random`/`numpy.random` replaced by the given generators (same calls, same order, so the same result):
+
+    - `ratio == 0`: all batches of all tasks; `mix_opt=0` shuffles them all, `mix_opt=1` shuffles the auxiliary
+      tasks' batches and puts all of task 0's last;
+    - `ratio > 0`: all of task 0's batches plus `int(min(n0 * ratio, n_extra))` auxiliary batches drawn without
+      replacement; `mix_opt=1` puts the shuffled extras first and task 0 last, `mix_opt=0` shuffles everything.
+    """
+    if len(batches_per_task) > 1 and ratio > 0:
+        main = [0] * batches_per_task[0]
+        extra = [task for task in range(1, len(batches_per_task)) for _ in range(batches_per_task[task])]
+        picks = int(min(batches_per_task[0] * ratio, len(extra)))
+        extra = np_random.choice(extra, picks, replace=False).tolist()
+        if mix_opt > 0:
+            py_random.shuffle(extra)
+            order = extra + main
+        else:
+            order = main + extra
+    else:
+        order = [task for task in range(1, len(batches_per_task)) for _ in range(batches_per_task[task])]
+        if mix_opt > 0:
+            py_random.shuffle(order)
+        order += [0] * batches_per_task[0]
+    if mix_opt < 1:
+        py_random.shuffle(order)
+    return [int(task) for task in order]
+
+
+class MultiTaskBatchSampler(torch.utils.data.Sampler):
+    """The original's `MultiTaskBatchSampler`: every batch holds rows of one task; tasks are mixed by
+    `mixed_task_order`.
+
+    Each task's rows are cut into contiguous chunks of `batch_size`, whose order is shuffled once (as the original
+    does when the sampler is built) and reused every epoch. Random draws come from `random.Random(seed)` and
+    `numpy.random.RandomState(seed)` in the original's sequence (the chunk shuffles, then each epoch's task order),
+    so the order of epoch `e` depends on the seed and `e` only: `set_epoch(e)` replays the draws of the epochs
+    before it, and a run resumed from a checkpoint continues the same order. With `seed` the original's `--seed`, the
+    order is the original's (nothing else in its training loop draws from `random` or `numpy.random`).
+
+    Under distributed training each batch is split over the processes (the original's `DistMultiTaskBatchSampler`):
+    `batch_size` is the global batch, every process trains the same task at every step, and a batch that does not
+    divide evenly is completed with copies of its first row.
+
+    Args:
+        task_sizes (`list[int]`): rows of each task, in `MultiTaskDataset` order; indices are flat (task after task).
+        batch_size (`int`): rows per batch over all processes.
+        mix_opt (`int`), ratio (`float`): the original's `--mix_opt` (0 or 1) and `--ratio`.
+        seed (`int`): the seed of the draws.
+        rank (`int`), world_size (`int`): this process and the number of processes.
+    """
+
+    def __init__(self, task_sizes, batch_size, mix_opt=0, ratio=0.0, seed=0, rank=0, world_size=1):
+        if not task_sizes or any(size < 1 for size in task_sizes):
+            raise ValueError(f"every task needs at least one row, got sizes {list(task_sizes)}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if mix_opt not in (0, 1):
+            raise ValueError(f"mix_opt must be 0 or 1, got {mix_opt!r}")
+        if not ratio >= 0:
+            raise ValueError(f"ratio must be >= 0, got {ratio!r}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not below world_size {world_size}")
+        self.task_sizes = list(task_sizes)
+        self.batch_size = batch_size
+        self.mix_opt = mix_opt
+        self.ratio = ratio
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+        py_random, np_random = random.Random(seed), np.random.RandomState(seed)
+        offsets = [0, *itertools.accumulate(self.task_sizes)]
+        self.chunks = []
+        for offset, size in zip(offsets, self.task_sizes):
+            chunks = [list(range(offset + start, offset + min(start + batch_size, size)))
+                      for start in range(0, size, batch_size)]
+            py_random.shuffle(chunks)
+            self.chunks.append(chunks)
+        self._generators = [(py_random, np_random)]  # before epoch e's draws: index e
+        self._orders = []
+
+    @property
+    def batches_per_task(self) -> list[int]:
+        return [len(chunks) for chunks in self.chunks]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def task_order(self, epoch: int) -> list[int]:
+        """The task position of every batch of `epoch`."""
+        while len(self._orders) <= epoch:
+            py_random, np_random = self._generators[-1]
+            py_random = _copy_generator(py_random)
+            np_state = np.random.RandomState()
+            np_state.set_state(np_random.get_state())
+            self._orders.append(mixed_task_order(self.batches_per_task, self.mix_opt, self.ratio, py_random,
+                                                 np_state))
+            self._generators.append((py_random, np_state))
+        return self._orders[epoch]
+
+    def __len__(self):
+        counts = self.batches_per_task
+        if len(counts) > 1 and self.ratio > 0:
+            return counts[0] + int(min(counts[0] * self.ratio, sum(counts[1:])))
+        return sum(counts)
+
+    def __iter__(self):
+        chunks = [iter(task_chunks) for task_chunks in self.chunks]
+        for task in self.task_order(self.epoch):
+            batch = next(chunks[task])
+            batch = batch + batch[:1] * (-len(batch) % self.world_size)
+            share = len(batch) // self.world_size
+            yield batch[self.rank * share:(self.rank + 1) * share]
+
+
+def _copy_generator(generator):
+    copy = random.Random()
+    copy.setstate(generator.getstate())
+    return copy
+
+
+__all__ = ["MTDNNCollator", "MultiTaskBatchSampler", "MultiTaskDataset", "load_glue_tsv", "load_mtdnn_json",
+           "load_task_file", "load_task_files", "mixed_task_order", "soft_label_width"]

@@ -1,0 +1,17 @@
+"""Loading an Optimus model and its processor from a folder or Hub repo id, for the commands and the app."""
+
+from ...loading import load_config, loading
+from .configuration_optimus import OptimusConfig
+from .modeling_optimus import OptimusModel
+from .processing_optimus import OptimusProcessor
+
+
+def load_optimus(source: str, trust_remote_code: bool = False) -> tuple[OptimusModel, OptimusProcessor]:
+    """An Optimus model and its processor from `source` (a folder or Hub repo id); one error line when they do not
+    load or `source` holds another kind of model."""
+    from transformers import AutoModel, AutoProcessor
+
+    load_config(source, OptimusConfig.model_type, "an Optimus model", trust_remote_code)
+    with loading("an Optimus model", source):
+        return (AutoModel.from_pretrained(source, trust_remote_code=trust_remote_code),
+                AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code))

@@ -1,0 +1,86 @@
+"""Bad input for MT-DNN's converter and commands: the cases `tests/test_bad_input.py` runs (see `tests/bad_input.py`
+for the builders and the checks)."""
+
+import math
+import shutil
+
+import torch
+from bad_input import (MTDNN, OPTIMUS, UT, alias_bomb, foreign_code, nan_logits, payload, random_bytes, shifted,
+                       truncate, written)
+
+
+def mtdnn_checkpoint(tmp, change_state=None, **options):
+    """The fixture's checkpoint with the task definitions left out (converted with --task-def) and `options`."""
+    from hf_ext.models.mtdnn.conversion import read_checkpoint
+
+    state, opt = read_checkpoint(MTDNN / "model_0.pt")
+    opt = {key: value for key, value in opt.items() if key != "task_def_list"} | options
+    if change_state is not None:
+        change_state(state)
+    torch.save({"state": state, "config": opt}, tmp / "model.pt")
+    return ["convert", "mtdnn", tmp / "model.pt", tmp / "out", "--task-def", MTDNN / "task_def.yml"]
+
+
+def mtdnn(tmp, *extra):
+    return ["convert", "mtdnn", MTDNN / "model_0.pt", tmp / "out", *extra]
+
+
+def mtdnn_file(make):
+    def build(tmp):
+        make(tmp / "model.pt")
+        return ["convert", "mtdnn", tmp / "model.pt", tmp / "out"]
+    return build
+
+
+CONVERSION_CASES = {
+    "missing checkpoint": (lambda tmp: ["convert", "mtdnn", tmp / "model.pt", tmp / "out"], 1, "does not exist"),
+    "zero-byte checkpoint": (mtdnn_file(lambda p: p.write_bytes(b"")), 1, "is empty"),
+    "truncated checkpoint": (mtdnn_file(lambda p: (shutil.copy(MTDNN / "model_0.pt", p), truncate(p))), 1,
+                             "truncated or corrupt"),
+    "random checkpoint": (mtdnn_file(lambda p: random_bytes(p)), 1, "not a torch checkpoint"),
+    "code-running checkpoint": (mtdnn_file(payload), 1, "refusing to load"),
+    "foreign checkpoint": (mtdnn_file(lambda p: shutil.copy(UT / "state_dict.pt", p)), 1,
+                           "not an MT-DNN checkpoint"),
+    "string size": (lambda tmp: mtdnn_checkpoint(tmp, hidden_size="32"), 1, "invalid BERT settings"),
+    "boolean size": (lambda tmp: mtdnn_checkpoint(tmp, num_hidden_layers=True), 1, "invalid BERT settings"),
+    "zero attention heads": (lambda tmp: mtdnn_checkpoint(tmp, num_attention_heads=0), 1,
+                             "num_attention_heads must be a positive integer"),
+    "negative layers": (lambda tmp: mtdnn_checkpoint(tmp, num_hidden_layers=-1), 1,
+                        "num_hidden_layers must be a positive integer"),
+    "NaN weights": (lambda tmp: mtdnn_checkpoint(
+        tmp, lambda st: st["bert.embeddings.LayerNorm.weight"].fill_(math.nan)), 1, "NaN or infinite"),
+    "integer weights": (lambda tmp: mtdnn_checkpoint(
+        tmp, lambda st: st.update({"bert.embeddings.LayerNorm.bias": st["bert.embeddings.LayerNorm.bias"].long()})),
+                        1, "int64 values"),
+    "malformed task definitions": (lambda tmp: ((tmp / "t.yml").write_text("mnli: [\n"),
+                                                mtdnn(tmp, "--task-def", tmp / "t.yml"))[1], 1, "malformed"),
+    "alias bomb in the task definitions": (lambda tmp: (written(tmp / "t.yml", "sst:\n  task_type: Classification\n"
+                                                                f"  n_class: 2\n  labels: {alias_bomb()}\n"),
+                                                        mtdnn(tmp, "--task-def", tmp / "t.yml"))[1], 1,
+                                           "its aliases expand it by more than 100000 values (an alias bomb)"),
+    "corrupt reference": (lambda tmp: (random_bytes(tmp / "r.safetensors"),
+                                       mtdnn(tmp, "--reference", tmp / "r.safetensors"))[1], 1,
+                          "not a readable safetensors file"),
+    "reference of another model": (lambda tmp: mtdnn(tmp, "--reference", OPTIMUS / "reference.safetensors"), 1,
+                                   "holds none of the outputs"),
+    "NaN in the reference": (lambda tmp: (nan_logits(MTDNN / "reference.safetensors", tmp / "r.safetensors"),
+                                          mtdnn(tmp, "--reference", tmp / "r.safetensors"))[1], 1,
+                          "cola logits holds NaN values"),
+    "reference beyond tolerance": (lambda tmp: mtdnn(
+        tmp, "--reference", shifted(MTDNN / "reference.safetensors", tmp / "r.safetensors", "cola.logits")), 1,
+        "cola logits: max abs error 5 exceeds its tolerance (atol 5e-05, rtol 0.0001)"),
+    "bad group size": (lambda tmp: mtdnn(tmp, "--group-size", "qnnli=x"), 2, "expected TASK=K"),
+}
+
+
+# the commands run on this model folder (a fixture of tests/mtdnn/fixtures_mtdnn.py)
+COMMAND_FOLDER = "mtdnn_sample_folder"
+
+COMMAND_CASES = {
+    "mtdnn train with a bad warmup": (lambda tmp, folder: ["mtdnn", "train", folder, "--train", "a=b.tsv",
+                                                           "--output-dir", tmp / "out", "--warmup", "2"], 2,
+                                      "argument --warmup: must be in [0, 1)"),
+    "mtdnn train from a folder with its own code": (lambda tmp, folder: [
+        "mtdnn", "train", foreign_code(tmp), "--train", "a=b.tsv", "--output-dir", tmp / "out"], 1,
+        "only with --trust-remote-code"),
+}

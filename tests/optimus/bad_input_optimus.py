@@ -1,0 +1,146 @@
+"""Bad input for Optimus' converter and commands: the cases `tests/test_bad_input.py` runs (see `tests/bad_input.py`
+for the builders and the checks)."""
+
+import json
+import math
+import shutil
+
+import torch
+from bad_input import (
+    OPTIMUS,
+    UT,
+    copy,
+    damaged_copy,
+    drop_key,
+    edit_json,
+    edit_state,
+    fifo,
+    foreign_code,
+    payload,
+    random_bytes,
+    shifted,
+    to_dev_zero,
+    truncate,
+)
+
+ENCODER = "checkpoint-encoder-100"
+DECODER = "checkpoint-decoder-100"
+
+
+def optimus(tmp, change=None, *extra):
+    src = copy(OPTIMUS, tmp)
+    shutil.rmtree(src / "checkpoint-full-100")
+    if change is not None:
+        change(src)
+    return ["convert", "optimus", src, tmp / "out", *extra]
+
+
+def optimus_weights(change, side=ENCODER):
+    return lambda src: edit_state(src / side / "pytorch_model.bin", change)
+
+
+def optimus_config(side=ENCODER, **changes):
+    return lambda src: edit_json(src / side / "config.json", **changes)
+
+
+CONVERSION_CASES = {
+    "missing source": (lambda tmp: ["convert", "optimus", tmp / "nothing", tmp / "out"], 1, "does not exist"),
+    "empty source": (lambda tmp: ["convert", "optimus", tmp.joinpath("empty").mkdir() or tmp / "empty", tmp / "out"],
+                     1, "is empty"),
+    "zero-byte weights": (lambda tmp: optimus(tmp, lambda s: (s / ENCODER / "pytorch_model.bin").write_bytes(b"")),
+                          1, "is empty"),
+    "truncated weights": (lambda tmp: optimus(tmp, lambda s: truncate(s / ENCODER / "pytorch_model.bin")), 1,
+                          "truncated or corrupt"),
+    "random weights": (lambda tmp: optimus(tmp, lambda s: random_bytes(s / DECODER / "pytorch_model.bin")), 1,
+                       "not a torch checkpoint"),
+    "code-running weights": (lambda tmp: optimus(tmp, lambda s: payload(s / ENCODER / "pytorch_model.bin")), 1,
+                             "refusing to load"),
+    "code-running args": (lambda tmp: optimus(tmp, lambda s: payload(s / ENCODER / "training_encoder_args.bin")), 1,
+                          "refusing to load"),
+    "code-running training.bin": (lambda tmp: (payload(tmp / "training.bin"),
+                                               ["convert", "optimus", tmp / "training.bin", tmp / "out"])[1], 1,
+                                  "refusing to load"),
+    "foreign weights": (lambda tmp: optimus(tmp, lambda s: shutil.copy(UT / "state_dict.pt",
+                                                                       s / ENCODER / "pytorch_model.bin")), 1,
+                        "not an Optimus encoder"),
+    "missing key": (lambda tmp: optimus(tmp, optimus_weights(
+        lambda st: drop_key(st, "encoder.layer.1.output.dense.bias"))), 1, "missing 1 weight"),
+    "extra key": (lambda tmp: optimus(tmp, optimus_weights(lambda st: st.update(extra=torch.zeros(2)))), 1,
+                  "unexpected 1 weight"),
+    "wrong shape": (lambda tmp: optimus(tmp, optimus_weights(
+        lambda st: st.update({"encoder.layer.0.output.dense.bias": torch.zeros(3)}))), 1, "has shape"),
+    "I32 weights": (lambda tmp: optimus(tmp, optimus_weights(
+        lambda st: st.update({"encoder.layer.0.output.dense.bias":
+                              st["encoder.layer.0.output.dense.bias"].to(torch.int32)}))), 1, "int32 values"),
+    "NaN weights": (lambda tmp: optimus(tmp, optimus_weights(
+        lambda st: st["encoder.layer.0.output.dense.bias"].fill_(math.nan))), 1,
+                    "NaN or infinite"),
+    "infinite decoder weights": (lambda tmp: optimus(tmp, optimus_weights(
+        lambda st: st["transformer.h.0.ln_1.weight"].fill_(math.inf), DECODER)), 1, "NaN or infinite"),
+    "malformed config": (lambda tmp: optimus(tmp, lambda s: (s / ENCODER / "config.json").write_text("{hidden")), 1,
+                         "not valid JSON"),
+    "zero attention heads": (lambda tmp: optimus(tmp, optimus_config(num_attention_heads=0)), 1,
+                             "num_attention_heads must be a positive integer"),
+    "string size": (lambda tmp: optimus(tmp, optimus_config(hidden_size="32")), 1, "hidden_size"),
+    "boolean size": (lambda tmp: optimus(tmp, optimus_config(num_hidden_layers=True)), 1, "num_hidden_layers"),
+    "negative layers": (lambda tmp: optimus(tmp, optimus_config(num_hidden_layers=-1)), 1,
+                        "num_hidden_layers must be a positive integer"),
+    "decoder heads do not divide": (lambda tmp: optimus(tmp, optimus_config(DECODER, n_head=5)), 1,
+                                    "not divisible"),
+    "decoder string vocab": (lambda tmp: optimus(tmp, optimus_config(DECODER, vocab_size="99")), 1, "vocab_size"),
+    "NaN layer norm eps": (lambda tmp: optimus(tmp, optimus_config(layer_norm_eps=math.nan)), 1, "layer_norm_eps"),
+    "config is a FIFO": (lambda tmp: optimus(tmp, lambda s: fifo(s / ENCODER / "config.json")), 1,
+                         "not a regular file"),
+    "config is /dev/zero": (lambda tmp: optimus(tmp, lambda s: to_dev_zero(s / DECODER / "config.json")), 1,
+                            "not a regular file"),
+    "corrupt reference": (lambda tmp: (random_bytes(tmp / "r.safetensors"),
+                                       optimus(tmp, None, "--reference", tmp / "r.safetensors"))[1], 1,
+                          "not a readable safetensors file"),
+    "zero-byte reference": (lambda tmp: ((tmp / "r.safetensors").write_bytes(b""),
+                                         optimus(tmp, None, "--reference", tmp / "r.safetensors"))[1], 1,
+                            "not a readable safetensors file"),
+    "reference of another model": (lambda tmp: optimus(tmp, None, "--reference", UT / "reference.safetensors"), 1,
+                                   "lacks the tensor"),
+    "reference not safetensors": (lambda tmp: optimus(tmp, None, "--reference", OPTIMUS / "reference.json"), 1,
+                                  "not a .safetensors file"),
+    "reference beyond tolerance": (lambda tmp: optimus(
+        tmp, None, "--reference", shifted(OPTIMUS / "reference.safetensors", tmp / "r.safetensors", "dec_logits")), 1,
+        "dec_logits: max abs error 5 exceeds its tolerance (atol 1e-05)"),
+    "no such step": (lambda tmp: optimus(tmp, None, "--step", "7"), 1, "no checkpoint for step 7"),
+    "bad flag value": (lambda tmp: optimus(tmp, None, "--latent-as-gpt-memory", "2"), 2, "invalid choice"),
+}
+
+
+# the commands run on this model folder (a fixture of tests/optimus/fixtures_optimus.py)
+COMMAND_FOLDER = "optimus_sample_folder"
+
+COMMAND_CASES = {
+    "top-p above 1": (lambda tmp, folder: ["optimus", "sample", folder, "--sample", "--top-p", "2"], 2,
+                      "--top-p: must be in (0, 1]"),
+    "zero temperature": (lambda tmp, folder: ["optimus", "sample", folder, "--sample", "--temperature", "0"], 2,
+                         "--temperature: must be > 0"),
+    "tokens beyond the decoder's positions": (
+        lambda tmp, folder: ["optimus", "reconstruct", folder, "a dog", "--max-new-tokens", "500"], 1,
+        "exceeds what the decoder's 64 positions allow"),
+    "zero samples": (lambda tmp, folder: ["optimus", "sample", folder, "--num", "0"], 2,
+                     "argument --num: must be at least 1"),
+    "infinite beta": (lambda tmp, folder: ["optimus", "train", folder, "--train-file", tmp / "t.txt",
+                                           "--output-dir", tmp / "out", "--beta", "inf"], 2,
+                      "--beta: expected a finite"),
+    "negative beta": (lambda tmp, folder: ["optimus", "train", folder, "--train-file", tmp / "t.txt",
+                                           "--output-dir", tmp / "out", "--beta", "-1"], 2, "--beta: must be >= 0"),
+    "training output exists": (lambda tmp, folder: ((tmp / "out").mkdir(), (tmp / "t.txt").write_text("a\n"),
+                                                    ["optimus", "train", folder, "--train-file", tmp / "t.txt",
+                                                     "--output-dir", tmp / "out"])[2], 1, "already exists"),
+    "truncated model.safetensors": (lambda tmp, folder: ["optimus", "encode", damaged_copy(
+        folder, tmp, lambda f: truncate(f / "model.safetensors")), "a dog"], 1,
+        "safetensors weights are corrupt or truncated"),
+    "model config with zero heads": (lambda tmp, folder: ["optimus", "encode", damaged_copy(
+        folder, tmp, lambda f: edit_json(f / "config.json", decoder={
+            **json.loads((f / "config.json").read_text())["decoder"], "n_head": 0})), "a dog"], 1,
+        "n_head must be a positive integer"),
+    "model config is a FIFO": (lambda tmp, folder: ["optimus", "encode", damaged_copy(
+        folder, tmp, lambda f: fifo(f / "config.json")), "a dog"], 1, "config.json"),
+    "optimus encode of a folder with its own code": (
+        lambda tmp, folder: ["optimus", "encode", foreign_code(tmp), "a dog"], 1, "only with --trust-remote-code"),
+}
