@@ -3,7 +3,6 @@ shapes, NaN and infinities, exact integer outputs, the failure naming the worst 
 converter states, against the reliability page's table (each model's conversion tests check them against its
 fixture's). Each converter's failure on a shifted reference is in tests/test_bad_input.py's table."""
 
-import importlib
 import math
 from pathlib import Path
 
@@ -104,7 +103,7 @@ def test_a_reference_of_another_model_is_refused():
 
 # ----- the tolerances each converter states ----------------------------------------------------------------------
 
-CONVERSIONS = {name: importlib.import_module(f"hf_ext.models.{name}.conversion") for name in MODELS}
+CONVERSIONS = {entry.name: entry.module(entry.conversion) for entry in MODELS}
 
 
 def stated_rows():
