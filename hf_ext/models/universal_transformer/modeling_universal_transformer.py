@@ -529,12 +529,13 @@ class UniversalTransformerStack(nn.Module):
             n_updates, remainders = act.n_updates, act.remainders
             counted = nonpadding.to(n_updates.dtype) if nonpadding is not None else torch.ones_like(n_updates)
             ponder_cost = ((n_updates + remainders) * counted).sum() / counted.sum().clamp(min=1.0)
-            heads, keys = config.num_attention_heads, {"attentions": length}
+            keys = {"attentions": length}
             if self.is_decoder:
                 keys["cross_attentions"] = encoder_hidden_states.shape[1]
+            # zero maps are built only for what is recorded: an unrecorded forward allocates nothing here
             fill_steps_not_taken(recorded, act.max_steps,
-                                 {name: state.new_zeros(state.shape[0], heads, length, width)
-                                  for name, width in keys.items()})
+                                 {name: state.new_zeros(state.shape[0], config.num_attention_heads, length, width)
+                                  for name, width in keys.items() if recorded[name] is not None})
         else:
             for step in range(config.num_steps):
                 state = transform(state + position + steps[step])
