@@ -2,13 +2,12 @@
 `hf-ext` parser, so the reference cannot silently fall behind the code."""
 
 import argparse
-import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from conftest import require_extra
 
 from hf_ext.cli import build_parser
 
@@ -82,8 +81,8 @@ def test_section_parsing_finds_nested_commands_and_their_options():
         "x": [], "x a": [], "x a b": ["--flag"]}
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason="mkdocs is not installed (extra [docs])")
 def test_site_builds_strictly(tmp_path):
+    require_extra("docs", "mkdocs")
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d",
                              str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
