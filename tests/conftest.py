@@ -12,6 +12,7 @@ import importlib
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import NoReturn
 
 import pytest
 
@@ -136,19 +137,26 @@ def cli_exit_code(argv: list) -> int:
 
 
 def require_extra(extra: str, *modules: str) -> None:
-    """At the top of a test module for an optional extra (`pip install 'hf-ext[EXTRA]'`): skip the module when one of
-    `modules` is missing, except under CI (CI=true), where `.ci/run` installs every extra and a missing one fails,
-    so that these tests cannot silently stop running."""
+    """At the top of a test module for an optional extra (`pip install 'hf-ext[EXTRA]'`), or in a test or fixture:
+    a dependency that is missing when one of `modules` cannot be imported (see `missing_dependency`)."""
     import importlib.util
-    import os
 
     missing = [name for name in modules if importlib.util.find_spec(name) is None]
-    if not missing:
-        return
-    message = f"needs the {extra} extra (missing {', '.join(missing)}): pip install 'hf-ext[{extra}]'"
+    if missing:
+        missing_dependency(f"this test needs the {extra} extra (missing {', '.join(missing)}): "
+                           f"pip install 'hf-ext[{extra}]'")
+
+
+def missing_dependency(reason: str) -> NoReturn:
+    """The one rule for a test whose dependency is not installed: it is skipped with `reason`, except under CI
+    (CI=true, which `.ci/run` sets), where every extra and Debian's chromium are installed and the test fails
+    instead, so that no test can silently stop running there. Skips for any other reason (a check that does not
+    apply) are not this rule's."""
+    import os
+
     if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI installs every extra, but this test {message}", pytrace=False)
-    pytest.skip(message, allow_module_level=True)
+        pytest.fail(f"CI installs every dependency, but {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
 
 
 # ----- hf-ext serve: a model's app running -------------------------------------------------------------------------

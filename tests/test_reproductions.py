@@ -5,7 +5,7 @@ import json
 import runpy
 
 import pytest
-from conftest import REPO_ROOT, run_script
+from conftest import REPO_ROOT, require_extra, run_script
 
 SCRIPTS = sorted(path for path in (REPO_ROOT / "reproductions").glob("*.py") if path.stem != "common")
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.stem)
 def test_quick_run_writes_its_figures_and_plot(script, tmp_path, capsys, monkeypatch):
-    pytest.importorskip("matplotlib")
+    require_extra("plots", "matplotlib")
     output, plot = tmp_path / "figures.json", tmp_path / "figure.png"
     printed = run_script(script, "--quick", "--threads", 1, "--output", output, "--plot", plot,
                          monkeypatch=monkeypatch, capsys=capsys)

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import require_extra, running_app
+from conftest import missing_dependency, require_extra, running_app
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 CHROMIUM = "/usr/bin/chromium"
@@ -24,10 +24,7 @@ def browser():
     from playwright import sync_api
 
     if not os.access(CHROMIUM, os.X_OK):
-        message = f"{CHROMIUM} is missing (apt-get install chromium)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing_dependency(f"this test needs {CHROMIUM} (apt-get install chromium)")
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser

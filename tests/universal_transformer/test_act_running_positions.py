@@ -162,7 +162,6 @@ def test_gradients_of_keys_and_values_with_halted_positions():
 
 
 def test_adapters_on_the_projections_fall_back_to_projecting_every_position(monkeypatch):
-    pytest.importorskip("peft")
     model = add_lora(mixed_halting(UniversalTransformerForSeq2SeqLM(config())), r=2)
     with torch.no_grad():  # nonzero adapters, so that ignoring them would show
         for name, parameter in model.named_parameters():
