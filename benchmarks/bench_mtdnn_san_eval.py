@@ -12,10 +12,10 @@ On a machine shared with other work, `--threads 1` gives steadier timings.
 import statistics
 
 import torch
+from timing import benchmark_parser, report_ratio, setup, time_interleaved
 from transformers import BertConfig
 
 from hf_ext.models.mtdnn import MTDNNConfig, MTDNNModel, premise_hypothesis_masks
-from timing import benchmark_parser, report_ratio, setup, time_interleaved
 
 
 def build(quick):
@@ -63,10 +63,10 @@ def main(argv=None):
         }
         seconds = time_interleaved(candidates, repeats)
     whole, encoder, san = (seconds[name] for name in candidates)
-    share = statistics.median(h / w for h, w in zip(san, whole))
+    share = statistics.median(h / w for h, w in zip(san, whole, strict=True))
     print(f"SAN head share of the whole evaluation (median over rounds): {share:.1%}")
     report_ratio("SAN-task evaluation time of MTDNNModel / (encoder alone + SAN head alone)", whole,
-                 [e + h for e, h in zip(encoder, san)], 1.05)
+                 [e + h for e, h in zip(encoder, san, strict=True)], 1.05)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,11 @@ On a machine shared with other work, `--threads 1` gives steadier timings.
 import tempfile
 
 import torch
+from timing import benchmark_parser, report_ratio, setup, time_interleaved
 from transformers import BertConfig, Trainer, TrainingArguments
 
 from hf_ext.models.mtdnn import MTDNNConfig, MTDNNModel
 from hf_ext.models.mtdnn.training import MTDNNTrainer
-from timing import benchmark_parser, report_ratio, setup, time_interleaved
 
 PAIRS = ("mnli", "mrpc", "qqp", "qnli", "rte", "wnli")  # SAN heads
 GLUE = [{"name": "cola", "type": "classification", "num_labels": 2, "data_format": "PremiseOnly"},

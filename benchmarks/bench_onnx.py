@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from timing import benchmark_parser, report_ratio, setup, time_interleaved
 from transformers import BertConfig, BertTokenizerFast, ErnieConfig, ErnieForSequenceClassification
 
 from hf_ext import MTDNNConfig, MTDNNModel, OptimusConfig
@@ -29,7 +30,6 @@ from hf_ext.models.optimus.export_onnx import OptimusOnnx
 from hf_ext.models.optimus.samples import random_model
 from hf_ext.onnx_export import export_onnx, session
 from hf_ext.sample_text import train_bert_vocab
-from timing import benchmark_parser, report_ratio, setup, time_interleaved
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 # PyTorch's and ONNX Runtime's thread pools spin after their work: without a pause each slows the other's next run
@@ -66,7 +66,7 @@ def sample_pairs():
                 pairs.append(tuple(texts) if len(texts) == 2 else (texts[0], None))
     sentences = (DATA / "snli_sentences" / "test.txt").read_text(encoding="utf-8").split("\n")
     sentences = [sentence for sentence in sentences if sentence.strip()]
-    pairs += list(zip(sentences[::2], sentences[1::2]))
+    pairs += list(zip(sentences[::2], sentences[1::2], strict=False))  # an odd last sentence pairs with none
     return pairs
 
 
@@ -105,27 +105,27 @@ def classifier_benchmark(name, model, vocab_size, folder, shapes, repeats, agree
         arrays = {key: value.numpy() for key, value in inputs.items()}
         args = [inputs[key] for key in report["graphs"][0]["inputs"]]
 
-        def eager():
+        def eager(args=args):
             with torch.inference_mode():
                 wrapper(*args)
 
         print(f"{name} at batch {batch} x {length}:")
         times = time_interleaved({"eager": eager,
-                                  "onnxruntime float": lambda: graphs["float"].run(None, ort_feeds(graphs["float"],
-                                                                                                   arrays)),
-                                  "onnxruntime int8": lambda: graphs["int8"].run(None, ort_feeds(graphs["int8"],
-                                                                                                 arrays))},
+                                  "onnxruntime float": lambda arrays=arrays: graphs["float"].run(
+                                      None, ort_feeds(graphs["float"], arrays)),
+                                  "onnxruntime int8": lambda arrays=arrays: graphs["int8"].run(
+                                      None, ort_feeds(graphs["int8"], arrays))},
                                  repeats, settle=SETTLE)
         targets = (1.3, 2.0) if batch == 1 else (None, None)
-        for kind, target in zip(("float", "int8"), targets):
+        for kind, target in zip(("float", "int8"), targets, strict=True):
             report_ratio(f"{name} {batch}x{length}: eager time / onnxruntime {kind} time", times["eager"],
                          times[f"onnxruntime {kind}"], target, higher_is_better=True)
     feeds = dict(agreement_inputs)
     if "task_type_ids" in report["graphs"][0]["inputs"]:
         feeds["task_type_ids"] = np.ones_like(feeds["input_ids"])
-    float_outputs = dict(zip(report["graphs"][0]["outputs"], graphs["float"].run(None, ort_feeds(graphs["float"],
-                                                                                                 feeds))))
-    int8_outputs = dict(zip(report["graphs"][0]["outputs"], graphs["int8"].run(None, ort_feeds(graphs["int8"], feeds))))
+    output_names = report["graphs"][0]["outputs"]
+    float_outputs = dict(zip(output_names, graphs["float"].run(None, ort_feeds(graphs["float"], feeds)), strict=True))
+    int8_outputs = dict(zip(output_names, graphs["int8"].run(None, ort_feeds(graphs["int8"], feeds)), strict=True))
     same = total = 0
     for output in label_outputs:
         reference, quantized = float_outputs[output], int8_outputs[output]

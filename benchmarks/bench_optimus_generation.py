@@ -16,11 +16,11 @@ vocabulary 50260).
 import statistics
 
 import torch
-from transformers import BertConfig, GPT2Config, GPT2LMHeadModel, GenerationConfig
+from timing import benchmark_parser, report_ratio, setup, time_interleaved
+from transformers import BertConfig, GenerationConfig, GPT2Config, GPT2LMHeadModel
 
 from hf_ext import OptimusConfig
 from hf_ext.models.optimus.samples import random_model
-from timing import benchmark_parser, report_ratio, setup, time_interleaved
 
 
 def decoder_config(quick):

@@ -10,11 +10,11 @@ memory in the KV cache, the embedding injection and the KL term.
 import copy
 
 import torch
+from timing import benchmark_parser, report_ratio, setup, time_interleaved
 from transformers import BertModel, GPT2LMHeadModel
 
 from hf_ext import OptimusConfig, OptimusModel
 from hf_ext.models.optimus.samples import tiny_config
-from timing import benchmark_parser, report_ratio, setup, time_interleaved
 
 
 def build_config(quick):

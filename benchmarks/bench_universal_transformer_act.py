@@ -19,9 +19,9 @@ On a machine shared with other work, `--threads 1` gives steadier timings.
 import copy
 
 import torch
+from timing import benchmark_parser, report_ratio, setup, time_interleaved
 
 from hf_ext import UniversalTransformerConfig, UniversalTransformerModel
-from timing import benchmark_parser, report_ratio, setup, time_interleaved
 
 MAX_STEPS = 12
 REGIMES = (("mixed", 0.30), ("uniform", 0.25))  # the mean fraction of the steps each is forced to
@@ -96,7 +96,8 @@ def training_step(model, inputs):
 
 
 def profile(model, inputs):
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     forward(model, inputs)()
     with torch_profile(activities=[ProfilerActivity.CPU]) as profiler:

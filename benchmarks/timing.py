@@ -133,7 +133,7 @@ def report_ratio(label, numerator, denominator, target=None, higher_is_better=Fa
     """One result line for `numerator / denominator` (lists of seconds from the same rounds). The headline is the
     median of the per-round ratios; the ratios of the medians and of the minimums are printed beside it. Without a
     `target` the line is a comparison only."""
-    paired = statistics.median(n / d for n, d in zip(numerator, denominator))
+    paired = statistics.median(n / d for n, d in zip(numerator, denominator, strict=True))
     if target is None:
         verdict, met = "no target", None
     else:

@@ -213,5 +213,5 @@ def hub_offline() -> Iterator[None]:
     try:
         yield
     finally:
-        for module, value in zip([m for m in modules if m is not None], previous):
+        for module, value in zip([m for m in modules if m is not None], previous, strict=True):
             module.HF_HUB_OFFLINE = value

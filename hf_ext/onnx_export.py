@@ -208,7 +208,7 @@ def _quiet_exporter() -> Iterator[None]:
             warnings.simplefilter("ignore")
             yield
     finally:
-        for quieted, level in zip(loggers, levels):
+        for quieted, level in zip(loggers, levels, strict=True):
             quieted.setLevel(level)
 
 
@@ -271,7 +271,7 @@ def check_graph(graph: OnnxGraph, path: Path, tolerance: float | None) -> list[d
             expected = graph.module(*(inputs[name] for name in graph.input_names))
         actual = run_session(ort_session, inputs, graph.input_names)
         errors, agreement = {}, {}
-        for name, want, got in zip(graph.output_names, expected, actual):
+        for name, want, got in zip(graph.output_names, expected, actual, strict=True):
             if tuple(want.shape) != tuple(got.shape):
                 raise HfExtError(f"{path.name}: output {name} has shape {tuple(got.shape)} on ONNX Runtime, "
                                  f"{tuple(want.shape)} in PyTorch (inputs {dims})")

@@ -21,8 +21,8 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from types import ModuleType
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from transformers.utils import logging

@@ -111,7 +111,7 @@ class TermMeans:
         out), then starts again. Every process must call it."""
         sums, counts = accelerator.reduce(self.totals.clone(), reduction="sum").tolist()
         self.reset()
-        return {name: total / count for name, total, count in zip(self.names, sums, counts) if count}
+        return {name: total / count for name, total, count in zip(self.names, sums, counts, strict=True) if count}
 
 
 class TermLoggingTrainer(Trainer):

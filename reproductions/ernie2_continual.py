@@ -8,7 +8,9 @@ Corpus: the docstrings of Python's standard library (real English prose, cased, 
 every Python), one document per module; a tenth of the modules are held out for evaluation. Model: a small ERNIE
 (`Ernie2ForPreTraining`) trained from scratch with `continual_pretraining`, the package's staged Trainer.
 
-    python reproductions/ernie2_continual.py --output ernie2.json --plot ernie2.png     # about 7 minutes of CPU time, one thread
+About 7 minutes of CPU time, one thread:
+
+    python reproductions/ernie2_continual.py --output ernie2.json --plot ernie2.png
 """
 
 import importlib
@@ -184,7 +186,7 @@ def main(argv=None):
     pyplot = plotting(args)
     if pyplot is not None:
         figure, axes = pyplot.subplots(1, len(TASKS), figsize=(4 * len(TASKS), 3.4))
-        for axis, task in zip(axes, TASKS):
+        for axis, task in zip(axes, TASKS, strict=True):
             for scheme, style in (("continual", "-o"), ("sequential", "--s")):
                 axis.plot(range(1, len(TASKS) + 1), [losses[task] for losses in results[scheme]], style, label=scheme)
             axis.axvline(TASKS.index(task) + 1, color="grey", lw=0.8, ls=":")

@@ -6,13 +6,16 @@ Data: five generated GLUE-shaped tasks over one small artificial language, writt
 layouts of SST-2, MNLI, STS-B, QNLI and RTE and read back with `load_glue_tsv` (QNLI as pairwise ranking, as the
 original's `qnnli`). Every task depends on the same two word features, a noun's identity and an adjective's
 polarity; RTE, the small task (a few hundred rows), is two-way entailment of the premise's polarity, as MNLI (a
-large task) is three-way, and needs the polarity of every adjective, which the large tasks teach. 10% of the classification training labels are flipped, as annotation noise.
+large task) is three-way, and needs the polarity of every adjective, which the large tasks teach. 10% of the
+classification training labels are flipped, as annotation noise.
 
 Recipe: the paper's (Adamax, linear decay after a 0.1 warm-up, gradient clipping at 1, dropout 0.3 for MNLI and
 0.1 elsewhere, the original's task mixing), from a freshly initialised small BERT, so with a learning rate suited
 to training from scratch instead of the paper's 5e-5 for fine-tuning BERT-base.
 
-    python reproductions/mtdnn_multitask.py --output mtdnn.json --plot mtdnn.png     # about 12 minutes on a loaded 2-core machine
+About 12 minutes on a loaded 2-core machine:
+
+    python reproductions/mtdnn_multitask.py --output mtdnn.json --plot mtdnn.png
 """
 
 import tempfile
@@ -128,7 +131,7 @@ def qnli_rows(language, count, rng, noise):
     """Pairs of rows with one question: `is the <noun> good ?` (or `bad`), one candidate of the asked polarity
     (entailment), one of the other (not_entailment), in random order."""
     rows = [("index", "question", "sentence", "label")]
-    for group in range(count):
+    for _ in range(count):
         noun = rng.choice(NOUNS)
         polarity = int(rng.choice([1, -1]))
         question = f"is the {noun} {'good' if polarity > 0 else 'bad'} ?"

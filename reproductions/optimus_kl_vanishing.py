@@ -121,7 +121,7 @@ def latent_classification(model, processor, train, test, seed) -> dict:
 
     def codes(texts):
         mean, logvar = (torch.cat(parts) for parts in zip(*(space.encode(texts[i:i + 64])
-                                                              for i in range(0, len(texts), 64))))
+                                                              for i in range(0, len(texts), 64)), strict=True))
         return mean + (0.5 * logvar).exp() * torch.randn(mean.shape, generator=generator)
 
     (train_texts, train_labels), (test_texts, test_labels) = train, test

@@ -1,7 +1,7 @@
 """Universal Transformer, algorithmic tasks (Dehghani et al., ICLR 2019, section 3.3 and Table 4): copy, reverse and
 addition over decimal digits. A Universal Transformer with ACT and the same-size vanilla Transformer
-(`hf_ext.models.universal_transformer.training.vanilla_transformer`, as many layers as the Universal Transformer's most steps) train on the same
-short inputs; both are tested on new inputs at the training lengths and at longer ones.
+(`hf_ext.models.universal_transformer.training.vanilla_transformer`, as many layers as the Universal Transformer's
+most steps) train on the same short inputs; both are tested on new inputs at the training lengths and at longer ones.
 
 Two measurements of char- and sequence-accuracy:
 
@@ -119,7 +119,7 @@ def plot(pyplot, runs: dict, args) -> None:
                 ("greedy", lambda run, task, model: run["longer_lengths"]["greedy"]),
                 ("paper (length 400)", lambda run, task, model: PAPER_TABLE_4[task][model]))
     width = 0.8 / len(measures)
-    for axis, (task, by_model) in zip(axes[0], runs.items()):
+    for axis, (task, by_model) in zip(axes[0], runs.items(), strict=True):
         for index, (label, measure) in enumerate(measures):
             values = [measure(by_model[model], task, model)["char_accuracy"] for model in MODELS]
             axis.bar([m + (index - 1) * width for m in range(len(MODELS))], values, width, label=label)

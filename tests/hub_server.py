@@ -219,13 +219,12 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         path = url.path
         hub.requests.append((self.command, path))
-        for (method, pattern), name in ROUTES.items():
-            match = re.fullmatch(pattern, path)
-            if method == self.command and match:
-                break
-        else:
+        route = next(((name, match) for (method, pattern), name in ROUTES.items()
+                      if method == self.command and (match := re.fullmatch(pattern, path))), None)
+        if route is None:
             hub.unhandled.append((self.command, path))
             return self._send(404, {"error": f"mock hub: no route for {self.command} {path}"})
+        name, match = route
         try:
             body = self._body()
             if self.command == "POST" and name != "validate_yaml" and "authorization" not in \

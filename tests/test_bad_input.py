@@ -14,8 +14,18 @@ import subprocess
 import sys
 
 import pytest
-from bad_input import (REPO_ROOT, TOKEN, UT, assert_refused, copy, foreign_code, folder_with, link_to_a_key, run,
-                       table_problems)
+from bad_input import (
+    REPO_ROOT,
+    TOKEN,
+    UT,
+    assert_refused,
+    copy,
+    folder_with,
+    foreign_code,
+    link_to_a_key,
+    run,
+    table_problems,
+)
 from conftest import model_test_modules
 
 from hf_ext.errors import HfExtError

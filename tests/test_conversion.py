@@ -9,8 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_ext.conversion import (EXACT, Compared, ParityCheck, Tolerance, compare_output, compare_with_reference,
-                               exact_check, print_parity, require_parity)
+from hf_ext.conversion import (
+    EXACT,
+    Compared,
+    ParityCheck,
+    Tolerance,
+    compare_output,
+    compare_with_reference,
+    exact_check,
+    print_parity,
+    require_parity,
+)
 from hf_ext.errors import HfExtError
 from hf_ext.models import MODELS
 

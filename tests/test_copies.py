@@ -6,7 +6,8 @@ above it (above its decorators):
     # Copied from hf_ext.models.optimus.modeling_optimus.OptimusPreTrainedModel._init_weights with decoder->encoder
 
 The marked function, method or class must equal its source, decorators included, once the source's indentation is
-that of the copy and each `A->B` rename is applied to the source text in turn."""
+that of the copy and each `A->B` rename is applied to the source text in turn. A marker is one line: one longer than
+the line limit ends with `  # noqa: E501`."""
 
 import ast
 import difflib
@@ -17,7 +18,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_ext"
-MARKER = re.compile(r"^(?P<indent>\s*)# Copied from (?P<source>hf_ext(?:\.\w+)+)(?: with (?P<renames>.+))?$")
+MARKER = re.compile(r"^(?P<indent>\s*)# Copied from (?P<source>hf_ext(?:\.\w+)+)(?: with (?P<renames>.+?))?"
+                    r"(?:  # noqa: E501)?$")
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 

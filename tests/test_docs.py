@@ -59,7 +59,7 @@ def sections(page):
     """`{command path: text}` of the page's sections headed `` `hf-ext ...` ``, each up to the next such heading."""
     matches = list(COMMAND_HEADING.finditer(page))
     ends = [m.start() for m in matches[1:]] + [len(page)]
-    return {m.group(1): page[m.end():end] for m, end in zip(matches, ends)}
+    return {m.group(1): page[m.end():end] for m, end in zip(matches, ends, strict=True)}
 
 
 def test_every_command_has_a_section():

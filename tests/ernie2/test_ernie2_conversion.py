@@ -15,8 +15,8 @@ from pathlib import Path
 import huggingface_hub
 import numpy as np
 import pytest
-from conftest import REPO_ROOT
 import torch
+from conftest import REPO_ROOT
 from hub_server import MockHub
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, cli_exit_code
 import torch
+from conftest import REPO_ROOT, cli_exit_code
 from safetensors.torch import load_file
 from torch.nn import functional as F
 from transformers import (
@@ -328,7 +328,7 @@ def test_knowledge_masking_hides_whole_units_and_labels_the_original_tokens(docu
     builder = Ernie2DataBuilder(tokenizer, max_length=48, seed=0)
     mask_id = tokenizer.mask_token_id
     replaced = kept = 0
-    for row, original in zip(masked, plain):
+    for row, original in zip(masked, plain, strict=True):
         ids, labels, source = row["input_ids"], np.array(row["labels"]), original["input_ids"]
         chosen = np.flatnonzero(labels != -100)
         pieces = len(source) - 2
@@ -348,7 +348,7 @@ def test_knowledge_masking_hides_whole_units_and_labels_the_original_tokens(docu
              for text in ("marie curie", "albert einstein", "charles babbage", "ada lovelace", "radioactive decay",
                           "analytical engine")]
     whole = 0
-    for row, original in zip(rows, plain):
+    for row, original in zip(rows, plain, strict=True):
         source, chosen = original["input_ids"], [label != -100 for label in row["labels"]]
         for unit in units:
             for start in range(len(source) - len(unit) + 1):
@@ -501,7 +501,7 @@ def test_stage_sampler_gives_each_task_its_steps_in_single_task_batches():
     assert len(batches) == len(sampler) == 24 and batches == list(sampler)
     owner = {row: task for task, indices in rows.items() for row in indices}
     tasks = [{owner[row] for row in batch} for batch in batches]
-    assert all(len(task) == 1 and len(batch) == 2 for task, batch in zip(tasks, batches))
+    assert all(len(task) == 1 and len(batch) == 2 for task, batch in zip(tasks, batches, strict=True))
     assert {task: sum(t == {task} for t in tasks) for task in steps} == {t: 2 * s for t, s in steps.items()}
     assert [t.pop() for t in tasks[:12]] != sorted(steps, key=list(steps).index)  # mixed, not task after task
     stream = [row for batch in batches for row in batch if owner[row] == "knowledge_masking"]
@@ -509,7 +509,7 @@ def test_stage_sampler_gives_each_task_its_steps_in_single_task_batches():
         assert sorted(stream[start:start + 5]) == rows["knowledge_masking"]
     assert list(StageBatchSampler(rows, steps, 2, 2, seed=(3, 2))) != batches
     halves = [list(StageBatchSampler(rows, steps, 2, 2, seed=(3, 1), rank=r, world_size=2)) for r in (0, 1)]
-    assert [a + b for a, b in zip(*halves)] == batches
+    assert [a + b for a, b in zip(*halves, strict=True)] == batches
     with pytest.raises(HfExtError, match="no examples for task"):
         StageBatchSampler({"capitalization": []}, {"capitalization": 1}, 2)
 
@@ -567,7 +567,7 @@ def test_each_stage_lowers_the_loss_of_every_task_it_trains(uninterrupted, token
     assert json.loads((out / "schedule.json").read_text()) == SCHEDULE.to_dict()
     torch.manual_seed(0)
     before = Ernie2ForPreTraining(tiny_config(tokenizer))
-    for index, (stage, history) in enumerate(zip(SCHEDULE.stages, histories)):
+    for index, (stage, history) in enumerate(zip(SCHEDULE.stages, histories, strict=True)):
         after = Ernie2ForPreTraining.from_pretrained(out / f"stage-{index + 1}" / "model")
         start, end = (mean_task_losses(m, task_data, stage.steps) for m in (before, after))
         assert all(end[task] < start[task] for task in stage.steps), (index, start, end)

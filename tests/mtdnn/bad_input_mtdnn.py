@@ -5,8 +5,19 @@ import math
 import shutil
 
 import torch
-from bad_input import (MTDNN, OPTIMUS, UT, alias_bomb, foreign_code, nan_logits, payload, random_bytes, shifted,
-                       truncate, written)
+from bad_input import (
+    MTDNN,
+    OPTIMUS,
+    UT,
+    alias_bomb,
+    foreign_code,
+    nan_logits,
+    payload,
+    random_bytes,
+    shifted,
+    truncate,
+    written,
+)
 
 
 def mtdnn_checkpoint(tmp, change_state=None, **options):

@@ -22,8 +22,9 @@ def test_predict_gives_every_head_s_prediction(client, mtdnn_sample_folder):
         pair = tokenizer(PREMISE, HYPOTHESIS, return_tensors="pt")
         nli = model(**pair, task="nli").logits.exp()[0]  # the SAN head gives log-probabilities
         sts = model(**pair, task="sts").logits.item()
-    assert predictions["sst"]["probabilities"] == pytest.approx(dict(zip(["negative", "positive"], sst.tolist())))
-    nli_probabilities = dict(zip(["contradiction", "neutral", "entailment"], nli.tolist()))
+    sst_probabilities = dict(zip(["negative", "positive"], sst.tolist(), strict=True))
+    assert predictions["sst"]["probabilities"] == pytest.approx(sst_probabilities)
+    nli_probabilities = dict(zip(["contradiction", "neutral", "entailment"], nli.tolist(), strict=True))
     assert predictions["nli"]["probabilities"] == pytest.approx(nli_probabilities)
     assert predictions["nli"]["label"] == max(nli_probabilities, key=nli_probabilities.get)
     assert predictions["sts"] == {"type": "regression", "score": pytest.approx(sts)}

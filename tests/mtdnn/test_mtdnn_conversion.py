@@ -288,7 +288,7 @@ def write_original_checkpoint(path, bert, tasks, san, encoder_type=1, seed=0, **
 def original_masks(token_type_ids, attention_mask):
     premise = torch.ones_like(attention_mask, dtype=torch.bool)
     hypothesis = torch.ones_like(premise)
-    for row, (types_, real) in enumerate(zip(token_type_ids.tolist(), attention_mask.tolist())):
+    for row, (types_, real) in enumerate(zip(token_type_ids.tolist(), attention_mask.tolist(), strict=True)):
         length = sum(real)
         plen = length - sum(types_[:length])
         premise[row, :plen], hypothesis[row, plen:length] = False, False
@@ -376,7 +376,7 @@ def test_other_configurations_convert_exactly(name, tmp_path, capsys):
     model = AutoModel.from_pretrained(tmp_path / "out").eval()
     names = list(dict.fromkeys(dataset.split("_")[0] for dataset, _ in tasks))
     assert model.config.task_names == names and model.config.encoder.num_hidden_layers == bert.num_hidden_layers
-    for index, (task_name, (_, task_def)) in enumerate(zip(names, tasks)):
+    for index, (task_name, (_, task_def)) in enumerate(zip(names, tasks, strict=True)):
         task = model.config.task(task_name)
         rows = [(3, 2), (1, 4), (5, 1), (2, 2), (4, 3), (2, 1)]
         batch = pair_batch(rows, bert.vocab_size, seed=index)

@@ -97,7 +97,7 @@ def collater_masks(token_type_ids, attention_mask):
     """The original collater's masks, position by position: plen = number of type-0 tokens of the row."""
     premise = torch.ones_like(attention_mask, dtype=torch.bool)
     hypothesis = torch.ones_like(premise)
-    for row, (types, real) in enumerate(zip(token_type_ids.tolist(), attention_mask.tolist())):
+    for row, (types, real) in enumerate(zip(token_type_ids.tolist(), attention_mask.tolist(), strict=True)):
         length = sum(real)
         plen = length - sum(types[:length])
         premise[row, :plen] = False

@@ -27,7 +27,7 @@ def converted(tmp_path_factory):
 
 def run(graph, reference, task):
     inputs = {name: reference[f"{task}.{name}"].numpy() for name in ("input_ids", "attention_mask", "token_type_ids")}
-    return dict(zip([output.name for output in graph.get_outputs()], graph.run(None, inputs)))
+    return dict(zip([output.name for output in graph.get_outputs()], graph.run(None, inputs), strict=True))
 
 
 def test_every_head_in_one_graph_matches_the_original(converted, tmp_path):

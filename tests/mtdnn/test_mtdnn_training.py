@@ -31,7 +31,6 @@ from hf_ext.errors import HfExtError
 from hf_ext.lora import add_lora, load_lora
 from hf_ext.metrics import load_metric, metric_path
 from hf_ext.models.mtdnn import MTDNNModel
-from hf_ext.models.mtdnn.modeling_mtdnn import MTDNNOutput
 from hf_ext.models.mtdnn.data import (
     MTDNNCollator,
     MultiTaskBatchSampler,
@@ -40,6 +39,7 @@ from hf_ext.models.mtdnn.data import (
     mixed_task_order,
 )
 from hf_ext.models.mtdnn.distillation import add_soft_labels, distillation_loss, teacher_soft_labels
+from hf_ext.models.mtdnn.modeling_mtdnn import MTDNNOutput
 from hf_ext.models.mtdnn.task_defs import config_from_task_def_yaml
 from hf_ext.models.mtdnn.training import MTDNNTrainer
 from hf_ext.sample_text import train_bert_vocab
@@ -198,7 +198,9 @@ GLUE_FILES = [
 def read_tsv(path, header):
     with open(path, encoding="utf-8-sig", newline="") as handle:
         rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
-    return [dict(zip(rows[0], row)) for row in rows[1:]] if header else [dict(enumerate(row)) for row in rows]
+    if not header:
+        return [dict(enumerate(row)) for row in rows]
+    return [dict(zip(rows[0], row, strict=True)) for row in rows[1:]]
 
 
 @pytest.mark.parametrize("folder,name,task,layout,premise,hypothesis,label", GLUE_FILES,
@@ -209,7 +211,7 @@ def test_glue_tsv_files_load_in_each_tasks_layout(glue_config, tokenizer, folder
     dataset = load_glue_tsv(GLUE / folder / name, glue_config, task, tokenizer, max_length=32, layout=layout)
     spec = glue_config.task(task)
     assert len(dataset) == len(rows) and set(dataset["task"]) == {glue_config.task_index(task)}
-    for row, example in zip(rows, dataset):
+    for row, example in zip(rows, dataset, strict=True):
         encoded = tokenizer(row[premise], row[hypothesis] if hypothesis else None, truncation=True, max_length=32)
         assert example["input_ids"] == encoded["input_ids"]
         assert example["token_type_ids"] == encoded["token_type_ids"]
@@ -266,7 +268,7 @@ def test_qnli_tsv_reads_as_ranking_pairs_like_the_original(tokenizer, tmp_path):
         f"{i}\t{q}\t{s}\t{label}\n" for i, (q, s, label) in enumerate(rows)), encoding="utf-8")
     dataset = load_glue_tsv(path, config, "qnnli", tokenizer, max_length=32)
     assert len(dataset) == 2 and set(dataset["task"]) == {config.task_index("qnnli")}
-    for group, pair in zip(dataset, ([rows[0], rows[1]], [rows[7], rows[6]])):
+    for group, pair in zip(dataset, ([rows[0], rows[1]], [rows[7], rows[6]]), strict=True):
         encoded = [tokenizer(q, s, truncation=True, max_length=32)["input_ids"] for q, s, _ in pair]
         assert sorted(group["input_ids"]) == sorted(encoded)
         assert group["input_ids"][group["labels"]] == encoded[0]  # the entailed sentence is the positive
@@ -361,10 +363,10 @@ def test_sampler_batches_one_task_each_and_replays_any_epoch(mix_opt, ratio):
         batches = list(sampler)
         assert len(batches) == len(sampler)
         tasks = [int(np.searchsorted(offsets, batch[0], side="right") - 1) for batch in batches]
-        for task, batch in zip(tasks, batches):
+        for task, batch in zip(tasks, batches, strict=True):
             assert offsets[task] <= min(batch) and max(batch) < offsets[task + 1]  # one task
             assert batch == list(range(batch[0], batch[0] + len(batch)))  # a contiguous chunk
-        main = sorted(i for batch, task in zip(batches, tasks) if task == 0 for i in batch)
+        main = sorted(i for batch, task in zip(batches, tasks, strict=True) if task == 0 for i in batch)
         assert main == list(range(sizes[0]))  # every main-task row, once
         extra = sum(task != 0 for task in tasks)
         assert extra == (int(min(4 * ratio, 5)) if ratio else 5)  # 4 main-task and 2 + 3 = 5 other chunks
@@ -379,7 +381,7 @@ def test_sampler_batches_one_task_each_and_replays_any_epoch(mix_opt, ratio):
     halves = [list(MultiTaskBatchSampler(sizes, batch_size * 2, mix_opt, ratio, seed=11, rank=r, world_size=2))
               for r in (0, 1)]
     whole = list(MultiTaskBatchSampler(sizes, batch_size * 2, mix_opt, ratio, seed=11))
-    assert [a + b for a, b in zip(*halves)] == [batch + batch[:1] * (len(batch) % 2) for batch in whole]
+    assert [a + b for a, b in zip(*halves, strict=True)] == [batch + batch[:1] * (len(batch) % 2) for batch in whole]
 
 
 # ----- Trainer ------------------------------------------------------------------------------------------------------
@@ -444,7 +446,7 @@ def test_resume_from_a_mid_run_checkpoint_continues_the_same_order(json_data, tm
     assert len(logged_tasks(full_history)) == 15
     full_losses = [e["loss"] for e in full_history if "loss" in e]
     assert [e["loss"] for e in resumed_history if "loss" in e] == full_losses
-    for (name, full), resumed in zip(full_model.state_dict().items(), resumed_model.state_dict().values()):
+    for (name, full), resumed in zip(full_model.state_dict().items(), resumed_model.state_dict().values(), strict=True):
         assert torch.equal(full, resumed), name
 
 

@@ -3,8 +3,8 @@
 import json
 
 import pytest
-from conftest import cli_exit_code
 import torch
+from conftest import cli_exit_code
 
 from hf_ext.cli import build_parser, main
 from hf_ext.models.optimus.conversion import convert_optimus_checkpoint

@@ -175,7 +175,7 @@ def run(*commands, env, cwd):
         for process in processes:
             if process.poll() is None:
                 process.kill()
-    for command, process, (_, stderr) in zip(commands, processes, outputs):
+    for command, process, (_, stderr) in zip(commands, processes, outputs, strict=True):
         assert process.returncode == 0, f"{command[:3]} failed:\n{stderr[-4000:]}"
     return [stdout for stdout, _ in outputs]
 
@@ -231,7 +231,7 @@ def test_offline_hub_cache_loads_by_repo_id(work, fixture_case, sample_case):
     env = subprocess_env(home, HF_HUB_OFFLINE="1", HF_ENDPOINT=DEAD_ENDPOINT)
     jobs = [load_job("some-org/optimus-tiny", fixture_case), load_job("some-org/optimus-sample", sample_case)]
     results = load_in_subprocess(work, jobs, env, isolate=False)
-    for (tensors, info), case in zip(results, (fixture_case, sample_case)):
+    for (tensors, info), case in zip(results, (fixture_case, sample_case), strict=True):
         assert_matches_local(tensors, info, case)
         assert all(module.startswith("hf_ext.models.optimus.") for module in info["modules"])
     assert len(results[1][1]["modules"]) == 3  # the processor came from the cache too
@@ -264,7 +264,7 @@ def test_remote_code_without_hf_ext(work, fixture_case, sample_case):
     env = subprocess_env(work / "home-remote", HF_HUB_OFFLINE="1", HF_ENDPOINT=DEAD_ENDPOINT)
     jobs = [load_job(fixture_case.folder, fixture_case), load_job(sample_case.folder, sample_case)]
     results = load_in_subprocess(work, jobs, env, isolate=True)
-    for (tensors, info), case in zip(results, (fixture_case, sample_case)):
+    for (tensors, info), case in zip(results, (fixture_case, sample_case), strict=True):
         assert_matches_local(tensors, info, case)
         assert info["hf_ext_modules"] == []
         assert all(module.startswith("transformers_modules.") for module in info["modules"])
@@ -290,7 +290,7 @@ def test_push_and_download(work, optimus_tiny, fixture_case, sample_case, hub):
     results = load_in_subprocess(
         work, [load_job("org/name", sample_case), load_job("org/name2", fixture_case, card=True)],
         subprocess_env(work / "home-download", HF_ENDPOINT=hub.endpoint), isolate=True)
-    for (tensors, info), case in zip(results, (sample_case, fixture_case)):
+    for (tensors, info), case in zip(results, (sample_case, fixture_case), strict=True):
         assert_matches_local(tensors, info, case)
         assert info["hf_ext_modules"] == [] and all(m.startswith("transformers_modules.") for m in info["modules"])
     assert hub.unhandled == []

@@ -188,7 +188,7 @@ def test_training_samples_the_posterior_and_eval_uses_the_mean(model):
         torch.manual_seed(0)
         trained = model(input_ids=input_ids, labels=labels)
     finally:
-        for m, p in zip(dropouts, rates):
+        for m, p in zip(dropouts, rates, strict=True):
             m.p = p
         model.eval()
     assert not torch.allclose(trained.latent_z, trained.mean)

@@ -361,7 +361,7 @@ def test_plots(trained, processor, tmp_path):
     sentences = texts_of(6)
     means, _ = space.encode(sentences)
     path = trainer.model.interpolate(means[0], means[1], 4)
-    steps = list(zip([0, 1 / 3, 2 / 3, 1], space.decode(path)))
+    steps = list(zip([0, 1 / 3, 2 / 3, 1], space.decode(path), strict=True))
     assert_png(plot_latent_space(means.numpy(), sentences, tmp_path / "map.png", interpolation=(path.numpy(), steps),
                                  labelled=[0, 1], log_history=trainer.state.log_history), 1600)
     assert_png(plot_latent_space(means.numpy(), sentences, tmp_path / "bare.png"), 1100)

@@ -3,8 +3,21 @@
 
 import math
 
-from bad_input import (OPTIMUS, UT, changed, copy, edit_json, edit_state, fifo, foreign_code, payload, random_bytes,
-                       shifted, to_dev_zero, truncate)
+from bad_input import (
+    OPTIMUS,
+    UT,
+    changed,
+    copy,
+    edit_json,
+    edit_state,
+    fifo,
+    foreign_code,
+    payload,
+    random_bytes,
+    shifted,
+    to_dev_zero,
+    truncate,
+)
 
 
 def ut(tmp, change=None, *extra):

@@ -3,8 +3,8 @@ library's halting map and the greedy output, and bad input gets one clear messag
 
 import pytest
 
-from hf_ext.models.universal_transformer.loading import load_model_and_tokenizer
 from hf_ext.models.universal_transformer.halting_map import halting_map
+from hf_ext.models.universal_transformer.loading import load_model_and_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 APP_FOLDER = "algorithmic_seq2seq_folder"  # the `client` fixture serves it
@@ -17,7 +17,7 @@ def test_halting_map_is_the_library_s(client, algorithmic_seq2seq_folder):
     model, tokenizer = load_model_and_tokenizer(str(algorithmic_seq2seq_folder))
     expected = halting_map(model, tokenizer, "31415")
     assert [(row["side"], row["tokens"]) for row in rows] == [(row.side, row.tokens) for row in expected]
-    for row, reference in zip(rows, expected):
+    for row, reference in zip(rows, expected, strict=True):
         assert row["ponder_time"] == pytest.approx(reference.ponder_time, abs=1e-6)
     assert len(set(rows[0]["ponder_time"])) > 1  # positions halt after different numbers of steps
     assert output == "".join(token for token in expected[1].tokens if token not in ("</s>", "<pad>"))

@@ -155,7 +155,7 @@ def test_training_lowers_the_loss_and_logs_the_ponder_cost(trained, copy_data):
     ponder, encoder, decoder = (logged(history, key) for key in
                                 ("ponder_cost", "encoder_ponder_cost", "decoder_ponder_cost"))
     assert len(ponder) == len(encoder) == len(decoder) == 3
-    assert ponder == pytest.approx([e + d for e, d in zip(encoder, decoder)], rel=1e-5)
+    assert ponder == pytest.approx([e + d for e, d in zip(encoder, decoder, strict=True)], rel=1e-5)
     # every non-padding position takes 1 to act_max_steps steps and its remainder is below 1
     assert all(1 <= value < 5 for value in encoder + decoder)
     # evaluation reports the ponder cost too: on exactly one batch it is the model's own
@@ -274,7 +274,7 @@ def one_at_a_time(model, dataset):
             ids = torch.tensor([row["input_ids"]])
             output = model.generate(input_ids=ids, max_new_tokens=ids.shape[1] + 1, do_sample=False, num_beams=1)
             prediction, reference = strip_eos(output[0, 1:].tolist()), strip_eos(row["labels"])
-            correct += sum(p == r for p, r in zip(prediction, reference))
+            correct += sum(p == r for p, r in zip(prediction, reference, strict=False))
             total += len(reference)
             exact += prediction == reference
     return correct / total, exact / len(dataset)
@@ -444,7 +444,7 @@ def test_cli_halting_map(cli_model, tmp_path, capsys):
     assert (tmp_path / "map.png").read_bytes()[:8] == PNG_SIGNATURE
     rows = halting_map(AutoModelForSeq2SeqLM.from_pretrained(cli_model), algorithmic_tokenizer(), "21+43")
     assert [row["side"] for row in printed["rows"]] == ["encoder", "decoder"]
-    for row, expected in zip(printed["rows"], rows):
+    for row, expected in zip(printed["rows"], rows, strict=True):
         assert row["tokens"] == expected.tokens
         assert row["ponder_time"] == pytest.approx(expected.ponder_time)
 
@@ -505,7 +505,7 @@ def test_two_process_training_with_different_halting_per_rank(tmp_path):
         assert len(result["loop_steps"]["encoder"]) == len(result["loop_steps"]["decoder"]) == 8
     # the ACT loops stopped after different numbers of steps on the two ranks, yet the run went through ...
     steps = [ranks[rank]["loop_steps"]["encoder"] for rank in (0, 1)]
-    assert any(a != b for a, b in zip(*steps))
+    assert any(a != b for a, b in zip(*steps, strict=True))
     # ... and DDP kept the replicas identical, with the logged ponder cost averaged over both ranks
     assert ranks[0]["weights_checksum"] == ranks[1]["weights_checksum"]
     assert logged(ranks[0]["log_history"], "ponder_cost") == logged(ranks[1]["log_history"], "ponder_cost")

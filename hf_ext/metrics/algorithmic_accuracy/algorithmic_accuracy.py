@@ -56,7 +56,7 @@ class AlgorithmicAccuracy(evaluate.Metric):
         if not references:
             raise ValueError("algorithmic_accuracy needs at least one example")
         correct = total = exact = 0
-        for prediction, reference in zip(predictions, references):
+        for prediction, reference in zip(predictions, references, strict=True):
             overlap = min(len(prediction), len(reference))
             matches = int((np.asarray(prediction[:overlap]) == np.asarray(reference[:overlap])).sum())
             correct += matches

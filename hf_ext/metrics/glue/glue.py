@@ -141,7 +141,7 @@ METRICS = {"accuracy": accuracy, "f1": f1, "matthews_correlation": matthews_corr
 def metric_names(names: Sequence[str]) -> list[str]:
     """Metric names (ours or the original's) as ours; `ValueError` for unknown ones."""
     resolved = [ORIGINAL_NAMES.get(name, name) for name in names]
-    unknown = [name for name, key in zip(names, resolved) if key not in METRICS]
+    unknown = [name for name, key in zip(names, resolved, strict=True) if key not in METRICS]
     if unknown:
         raise ValueError(f"unknown GLUE metric(s) {', '.join(map(str, unknown))} (known: {', '.join(METRICS)}, or "
                          f"the original's {', '.join(ORIGINAL_NAMES)})")

@@ -29,8 +29,16 @@ from transformers.utils import logging
 
 from ...arguments import positive_float
 from ...checkpoints import load_numpy_pickle
-from ...conversion import (Compared, ParityCheck, Tolerance, add_output_arguments, compare_with_reference,
-                           load_reference, print_parity, require_parity)
+from ...conversion import (
+    Compared,
+    ParityCheck,
+    Tolerance,
+    add_output_arguments,
+    compare_with_reference,
+    load_reference,
+    print_parity,
+    require_parity,
+)
 from ...errors import HfExtError, one_line
 from ...export import empty_model, expected_tensors, file_record, sha256, write_model_folder
 from ...text_files import read_json

@@ -485,7 +485,7 @@ class Ernie2DataBuilder:
                 for window in self.sentence_windows(encoded, self.max_length - 1 - m):
                     n = int(rng.integers(1, min(m, len(window)) + 1))
                     cuts = sorted(rng.choice(np.arange(1, len(window)), n - 1, replace=False).tolist())
-                    bounds = list(zip([0, *cuts], [*cuts, len(window)]))
+                    bounds = list(zip([0, *cuts], [*cuts, len(window)], strict=True))
                     permutation = rng.permutation(n).tolist()
                     ids = []
                     for original in permutation:
@@ -541,7 +541,7 @@ class Ernie2DataBuilder:
         encoded = self.tokenizer(list(firsts), list(seconds), truncation=True, max_length=self.max_length,
                                  return_token_type_ids=True)
         return [{"task": task, "input_ids": ids, "token_type_ids": types, "labels": [int(label)]}
-                for ids, types, label in zip(encoded["input_ids"], encoded["token_type_ids"], labels)]
+                for ids, types, label in zip(encoded["input_ids"], encoded["token_type_ids"], labels, strict=True)]
 
     # ----- all at once -----
 

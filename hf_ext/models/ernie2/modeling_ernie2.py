@@ -148,7 +148,8 @@ class Ernie2ForPreTraining(ErniePreTrainedModel):
                              return_dict=True, **kwargs)
         labels = dict(zip(PRETRAINING_TASKS, (
             knowledge_masking_labels, capitalization_labels, token_document_relation_labels,
-            sentence_reordering_labels, sentence_distance_labels, discourse_relation_labels, ir_relevance_labels)))
+            sentence_reordering_labels, sentence_distance_labels, discourse_relation_labels, ir_relevance_labels),
+            strict=True))
         labels = {task: value for task, value in labels.items() if value is not None}
         result = {}
         for task in labels or PRETRAINING_TASKS:

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ...loading import load_config, load_tokenizer, loading
 from ...hub import model_name
+from ...loading import load_config, load_tokenizer, loading
 from ...serve import MAX_TEXT_CHARS, checked_text, user_errors
 from . import MTDNNConfig
 from .configuration_mtdnn import PAIR_FORMATS
@@ -55,7 +55,7 @@ class MTDNNApp:
             if task["type"] == "classification":
                 labels = task["labels"] or [f"LABEL_{index}" for index in range(task["num_labels"])]
                 # a SAN head's logits are log-probabilities, which the softmax leaves as they are
-                probabilities = dict(zip(labels, logits.softmax(-1).tolist()))
+                probabilities = dict(zip(labels, logits.softmax(-1).tolist(), strict=True))
                 predictions[task["name"]] = {"type": "classification", "label": max(probabilities,
                                                                                     key=probabilities.get),
                                              "probabilities": probabilities}

@@ -24,8 +24,17 @@ from transformers import AutoTokenizer, BertConfig, PreTrainedTokenizerBase
 from transformers.utils import logging
 
 from ...checkpoints import safe_torch_load
-from ...conversion import (Compared, ParityCheck, Tolerance, add_output_arguments, compare_with_reference, exact_check,
-                           load_reference, print_parity, require_parity)
+from ...conversion import (
+    Compared,
+    ParityCheck,
+    Tolerance,
+    add_output_arguments,
+    compare_with_reference,
+    exact_check,
+    load_reference,
+    print_parity,
+    require_parity,
+)
 from ...errors import HfExtError, one_line
 from ...export import file_record, write_model_folder
 from . import ENTRY, MTDNNConfig, MTDNNModel
@@ -219,7 +228,7 @@ def task_defs_from_checkpoint(opt: dict[str, Any], names: list[str], path: str |
         raise HfExtError(f"checkpoint {path}: {len(entries)} task definitions for {len(names)} tasks "
                          f"({', '.join(names)})")
     task_defs = {}
-    for name, entry in zip(names, entries):
+    for name, entry in zip(names, entries, strict=True):
         fields = getattr(entry, "__dict__", None) or entry
         if not isinstance(fields, dict):
             raise HfExtError(f"checkpoint {path}: the task definition of {name} is a {type(entry).__name__}, "

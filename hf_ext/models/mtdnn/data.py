@@ -83,7 +83,7 @@ def load_mtdnn_json(path: str | Path, config: MTDNNConfig, task: str | int, max_
         if not (isinstance(type_groups, list) and isinstance(mask_groups, list)
                 and len(groups) == len(type_groups) == len(mask_groups)):
             raise HfExtError(f"{where}: token_id, type_id and attention_mask must have the same layout")
-        for row, row_types, row_mask in zip(groups, type_groups, mask_groups):
+        for row, row_types, row_mask in zip(groups, type_groups, mask_groups, strict=True):
             if not (isinstance(row, list) and row and all(isinstance(t, int) for t in row)
                     and isinstance(row_types, list) and isinstance(row_mask, list)
                     and len(row) == len(row_types) == len(row_mask)):
@@ -179,7 +179,8 @@ class MTDNNCollator:
             raise ValueError("the ranking groups of a batch must have the same number of candidates")
         keys = ("input_ids", "token_type_ids", "attention_mask")
         rows = [row for feature in features
-                for row in (zip(*(feature[key] for key in keys)) if grouped else [tuple(feature[key] for key in keys)])]
+                for row in (zip(*(feature[key] for key in keys), strict=True) if grouped
+                            else [tuple(feature[key] for key in keys)])]
         width = max(len(ids) for ids, _, _ in rows)
         if self.pad_to_multiple_of:
             width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
@@ -342,7 +343,7 @@ class MultiTaskBatchSampler(torch.utils.data.Sampler):
         py_random, np_random = random.Random(seed), np.random.RandomState(seed)
         offsets = [0, *itertools.accumulate(self.task_sizes)]
         self.chunks = []
-        for offset, size in zip(offsets, self.task_sizes):
+        for offset, size in zip(offsets, self.task_sizes, strict=False):  # the offsets end with the total
             chunks = [list(range(offset + start, offset + min(start + batch_size, size)))
                       for start in range(0, size, batch_size)]
             py_random.shuffle(chunks)

@@ -78,7 +78,7 @@ def teacher_soft_labels(teachers: Sequence["MTDNNModel | PeftModel"], dataset: "
                     probabilities = probabilities + F.softmax(scores.float(), -1).cpu()
             soft_labels += (probabilities / len(teachers)).tolist()
     finally:
-        for teacher, mode in zip(teachers, modes):
+        for teacher, mode in zip(teachers, modes, strict=True):
             teacher.train(mode)
     return soft_labels
 

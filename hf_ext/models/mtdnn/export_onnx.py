@@ -40,7 +40,7 @@ def plan(source: str, config: PretrainedConfig, task: str, trust_remote_code: bo
         model = AutoModel.from_pretrained(source, trust_remote_code=trust_remote_code).eval()
     names = config.task_names if task == ALL_HEADS else [task]
     output_names = [f"logits_{name}" for name in names] if task == ALL_HEADS else ["logits"]
-    labels = tuple(output for output, name in zip(output_names, names)
+    labels = tuple(output for output, name in zip(output_names, names, strict=True)
                    if config.task(name)["type"] == "classification")
 
     def make_inputs(dims: dict[str, int], generator: torch.Generator) -> Inputs:

@@ -202,7 +202,7 @@ class MTDNNPreTrainedModel(PreTrainedModel):
         else:
             self._init_linear_weights(module)
 
-    # Copied from hf_ext.models.optimus.modeling_optimus.OptimusPreTrainedModel._init_weights with _init_weights->_init_linear_weights, decoder->encoder
+    # Copied from hf_ext.models.optimus.modeling_optimus.OptimusPreTrainedModel._init_weights with _init_weights->_init_linear_weights, decoder->encoder  # noqa: E501
     @torch.no_grad()
     def _init_linear_weights(self, module):
         if isinstance(module, nn.Linear):

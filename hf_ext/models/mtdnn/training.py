@@ -4,7 +4,7 @@ the encoder, and `train_mtdnn`, the run of `hf-ext mtdnn train` and `hf-ext mtdn
 """
 
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # datasets and peft are imported only when used
 OPTIMIZERS = ("adamw", "adamax")  # Trainer's default, and the original's (train.py --optimizer adamax)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _glue_metric(config_name):
     return load_metric("glue", config_name=config_name)
 

@@ -70,7 +70,7 @@ class OptimusApp:
 
     def analogy(self, a: str, b: str, c: str, degree: float, decoding: str, num_beams: float, top_p: float,
                 seed: float) -> str:
-        a, b, c = (checked_text(text, f"sentence {name}") for name, text in zip("abc", (a, b, c)))
+        a, b, c = (checked_text(text, f"sentence {name}") for name, text in zip("abc", (a, b, c), strict=True))
         degree = checked_float(degree, "degree", -MAX_DEGREE, MAX_DEGREE)
         return self.space.analogy(a, b, c, degree, **generation_options(decoding, num_beams, top_p, seed))
 
@@ -106,7 +106,7 @@ class OptimusApp:
             steps = checked_int(steps, "steps", 2, MAX_STEPS)
             latents = self.space.model.interpolate(ends[0], ends[1], steps)
             texts = self.space.decode(latents)
-            interpolation = (latents.numpy(), list(zip(torch.linspace(0, 1, steps).tolist(), texts)))
+            interpolation = (latents.numpy(), list(zip(torch.linspace(0, 1, steps).tolist(), texts, strict=True)))
         figure = latent_space_figure(means.numpy(), sentences, interpolation=interpolation)
         figure.set_size_inches(9, 7 if interpolation else 6)
         return figure

@@ -71,12 +71,12 @@ def _latent_space(args):
 
 def _encode(args, space):
     mean, logvar = space.encode(args.texts)
-    for text, m, lv in zip(args.texts, mean.tolist(), logvar.tolist()):
+    for text, m, lv in zip(args.texts, mean.tolist(), logvar.tolist(), strict=True):
         print(json.dumps({"text": text, "mean": m, "logvar": lv}))
 
 
 def _reconstruct(args, space):
-    for text, output in zip(args.texts, space.reconstruct(args.texts)):
+    for text, output in zip(args.texts, space.reconstruct(args.texts), strict=True):
         print(f"{text}\t->\t{output}")
 
 

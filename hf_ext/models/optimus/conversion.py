@@ -20,8 +20,17 @@ from transformers import BertConfig, BertTokenizer, GPT2Config, GPT2Tokenizer
 from transformers.utils import logging
 
 from ...checkpoints import load_state_dict, safe_torch_load
-from ...conversion import (Compared, ParityCheck, Tolerance, add_output_arguments, compare_with_reference, exact_check,
-                           load_reference, print_parity, require_parity)
+from ...conversion import (
+    Compared,
+    ParityCheck,
+    Tolerance,
+    add_output_arguments,
+    compare_with_reference,
+    exact_check,
+    load_reference,
+    print_parity,
+    require_parity,
+)
 from ...errors import HfExtError, one_line
 from ...export import file_record, write_model_folder
 from ...text_files import read_json

@@ -189,7 +189,7 @@ def _run_demo(args: argparse.Namespace) -> None:
 
     space = OptimusLatentSpace(model, processor, max_new_tokens=24)
     outputs = space.reconstruct(sentences)
-    accuracies = [word_accuracy(source, output) for source, output in zip(sentences, outputs)]
+    accuracies = [word_accuracy(source, output) for source, output in zip(sentences, outputs, strict=True)]
     print("5. reconstructions (encode, then greedy decoding from the posterior mean), with their word accuracy:")
     for index in SHOWN:
         print(f"   {accuracies[index]:4.0%}  {sentences[index]}\n         -> {outputs[index]}")
@@ -199,12 +199,12 @@ def _run_demo(args: argparse.Namespace) -> None:
     source, target = (sentences[index] for index in INTERPOLATION_ENDS)
     means, _ = space.encode([source, target])
     path_latents = model.interpolate(means[0], means[1], INTERPOLATION_STEPS)
-    steps = list(zip(torch.linspace(0, 1, INTERPOLATION_STEPS).tolist(), space.decode(path_latents)))
+    steps = list(zip(torch.linspace(0, 1, INTERPOLATION_STEPS).tolist(), space.decode(path_latents), strict=True))
     print(f"   interpolation between the posterior means of sentences {INTERPOLATION_ENDS[0] + 1} and "
           f"{INTERPOLATION_ENDS[1] + 1} of the file,\n   with the parts (subject, activity, place) each step has "
           "of the first / of the last:")
     mixes = [shared_parts(text, source, target) for _, text in steps]
-    for (weight, text), (from_source, from_target) in zip(steps, mixes):
+    for (weight, text), (from_source, from_target) in zip(steps, mixes, strict=True):
         print(f"   t={weight:.2f}  {text:<45} parts {len(from_source)} / {len(from_target)}")
     samples = space.sample(PRIOR_SAMPLES, generator=torch.Generator().manual_seed(args.seed))
     print("   decoded from z ~ N(0, I):")
@@ -224,11 +224,11 @@ def _run_demo(args: argparse.Namespace) -> None:
         "max_steps": args.max_steps,
         "seed": args.seed,
         "reconstructions": [{"input": sentence, "output": output, "word_accuracy": accuracy}
-                            for sentence, output, accuracy in zip(sentences, outputs, accuracies)],
+                            for sentence, output, accuracy in zip(sentences, outputs, accuracies, strict=True)],
         "interpolation": {"source": source, "target": target,
                           "steps": [{"t": weight, "text": text, "parts_from_source": from_source,
                                      "parts_from_target": from_target}
-                                    for (weight, text), (from_source, from_target) in zip(steps, mixes)]},
+                                    for (weight, text), (from_source, from_target) in zip(steps, mixes, strict=True)]},
         "prior_samples": samples,
         "kl": metrics["kl"],
         "active_units": metrics["active_units"],

@@ -183,7 +183,7 @@ class OptimusOnnx:
             tokens = np.concatenate([tokens, next_tokens[:, None]], axis=1)
             if finished.all():
                 break
-            past = dict(zip(past, present))
+            past = dict(zip(past, present, strict=True))
             step_input = next_tokens[:, None].astype(np.int64)
         return tokens
 

@@ -63,7 +63,7 @@ class OptimusLatentSpace:
         mean, _ = self.encode([text_start, text_end])
         latents = self.model.interpolate(mean[0], mean[1], num_steps)
         weights = torch.linspace(0, 1, num_steps).tolist()
-        return list(zip(weights, self.decode(latents, **generation_kwargs)))
+        return list(zip(weights, self.decode(latents, **generation_kwargs), strict=True))
 
     def interpolate_at(self, text_start: str, text_end: str, t: float, **generation_kwargs: Any) -> str:
         """The text decoded from (1 - t) z_start + t z_end: one point of `interpolate`'s line, at any t."""

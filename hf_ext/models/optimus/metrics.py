@@ -99,7 +99,8 @@ def word_accuracy(reference: str, output: str) -> float:
     reference_words, output_words = reference.split(), output.split()
     if not reference_words and not output_words:
         return 1.0
-    matches = sum(a == b for a, b in zip(reference_words, output_words))
+    # the words past the shorter sentence's end match nothing
+    matches = sum(a == b for a, b in zip(reference_words, output_words, strict=False))
     return matches / max(len(reference_words), len(output_words))
 
 

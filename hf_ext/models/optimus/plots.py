@@ -38,7 +38,7 @@ def _draw_training_curves(axes, log_history):
     curves = curves_from_log_history(log_history)
     if not any(steps for steps, _ in curves.values()):
         raise HfExtError("the log history has no loss_rec, loss_kl or beta entries to plot")
-    for axis, (title, keys) in zip(axes, CURVE_PANELS):
+    for axis, (title, keys) in zip(axes, CURVE_PANELS, strict=True):
         for key, label in keys:
             steps, values = curves[key]
             if steps:

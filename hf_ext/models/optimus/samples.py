@@ -91,7 +91,7 @@ def write_original_checkpoint(root: str | Path, model: OptimusModel, step: int =
             _legacy_save(args, folder / ARGS_FILE)
             (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
         if tokenizer_dirs is not None:
-            for src, dst in zip(tokenizer_dirs, (encoder_dir, decoder_dir)):
+            for src, dst in zip(tokenizer_dirs, (encoder_dir, decoder_dir), strict=True):
                 for file in Path(src).iterdir():
                     (dst / file.name).write_bytes(file.read_bytes())
     if full:

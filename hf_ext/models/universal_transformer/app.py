@@ -49,7 +49,7 @@ class UniversalTransformerApp:
             return None, []
         figure = halting_map_figure([HaltingRow(**row) for row in rows], title=f"Halting map of {text.strip()!r}")
         table = [[row["side"], position, token, round(value, 3)] for row in rows
-                 for position, (token, value) in enumerate(zip(row["tokens"], row["ponder_time"]))]
+                 for position, (token, value) in enumerate(zip(row["tokens"], row["ponder_time"], strict=True))]
         return figure, table
 
 

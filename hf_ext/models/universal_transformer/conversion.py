@@ -23,8 +23,18 @@ import torch
 from transformers.utils import logging
 
 from ...checkpoints import load_state_dict
-from ...conversion import (EXACT, Compared, ParityCheck, Tolerance, add_output_arguments, compare_with_reference,
-                           exact_check, load_reference, print_parity, require_parity)
+from ...conversion import (
+    EXACT,
+    Compared,
+    ParityCheck,
+    Tolerance,
+    add_output_arguments,
+    compare_with_reference,
+    exact_check,
+    load_reference,
+    print_parity,
+    require_parity,
+)
 from ...errors import HfExtError
 from ...export import empty_model, expected_tensors, file_record, write_model_folder
 from ...text_files import read_json

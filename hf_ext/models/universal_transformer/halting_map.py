@@ -95,7 +95,7 @@ def halting_map_figure(rows: Iterable[HaltingRow], title: str | None = None, max
     figure = new_figure(min(max(4.0, 0.35 * longest + 2.0), 40.0), 1.3 * len(rows) + 0.8)
     axes = figure.subplots(len(rows), 1, squeeze=False)[:, 0]
     image = None
-    for axis, row in zip(axes, rows):
+    for axis, row in zip(axes, rows, strict=True):
         values = np.asarray(row.ponder_time, dtype=np.float64)[None]
         image = axis.imshow(values, aspect="auto", cmap="viridis", vmin=low, vmax=max(high, low + 1e-6))
         axis.set_yticks([0], [row.side])

@@ -284,7 +284,7 @@ def greedy_predictions(model: torch.nn.Module, input_ids: Sequence[Sequence[int]
             output = model.generate(input_ids=batch, attention_mask=(batch != pad_token_id).long(),
                                     max_new_tokens=batch.shape[1] + 1, do_sample=False, num_beams=1,
                                     eos_token_id=eos_token_id, pad_token_id=pad_token_id)
-            for row, ids in zip(rows, output[:, 1:].tolist()):  # the first id is the decoder's start
+            for row, ids in zip(rows, output[:, 1:].tolist(), strict=True):  # the first id is the decoder's start
                 predictions[row] = _strip(ids, eos_token_id)
     finally:
         model.train(was_training)
