@@ -159,6 +159,23 @@ def conversion_script(entry: ModelEntry) -> str:
             "    sys.exit(convert_main(conversion))\n")
 
 
+def package_stub(entries: list[ModelEntry]) -> str:
+    """The text of `hf_ext/__init__.pyi`: the names `hf_ext/__init__.py` exports (`MODELS`, `__version__` and each
+    entry's `top_level`, which it re-exports in a loop at import time) written out for type checkers, which do not
+    run that loop. Without it, `from hf_ext import OptimusModel` does not type-check in a user's code."""
+    imports = [f"from {entry.package} import {name} as {name}"
+               for entry in sorted(entries, key=lambda entry: entry.package)
+               for name in sorted(entry.top_level, key=str.lower)]
+    # a line over the limit wrapped as ruff's import sorting wraps it
+    imports = [line if len(line) <= 120 else line.replace(" import ", " import (\n    ") + ",\n)"
+               for line in imports]
+    names = ["MODELS", "__version__", *(name for entry in entries for name in entry.top_level)]
+    return ("# What `hf_ext/__init__.py` exports, for type checkers: written from MODELS by `package_stub` in\n"
+            "# tests/model_layout.py; tests/test_layout.py prints the text when it no longer matches.\n"
+            "from hf_ext.models import MODELS as MODELS\n" + "".join(f"{line}\n" for line in imports) +
+            "\n__version__: str\n\n__all__ = [\n" + "".join(f'    "{name}",\n' for name in names) + "]\n")
+
+
 def entry_problems(entry: ModelEntry, package: object, conversion_dir: Path, card_dir: Path) -> list[str]:
     """The entry a model package declares: its fields name what exists (the package's classes, its modules and
     what each offers, the card template in `card_dir`, the script in `conversion_dir` with the text

@@ -4,6 +4,7 @@ whose remote-code files import only torch, transformers and their own folder (as
 import loop anywhere, no module importing the entry point, a shared layer that names no model, and the top-level
 `conversion/` and `model_cards/` folders made from the entries."""
 
+import ast
 import importlib
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from model_layout import (
     model_words,
     naming_problems,
     package_import_problems,
+    package_stub,
     remote_code_problems,
 )
 
@@ -131,6 +133,16 @@ def test_the_drift_check_finds_a_stray_and_a_missing_file(tmp_path):
     (tmp_path / "model_cards" / f"{entry.card_template}.md").write_text("")
     assert drift_problems([entry], tmp_path / "conversion", tmp_path / "model_cards", set()) == [
         "conversion/convert_old_checkpoint.py belongs to no model", f"conversion/ lacks {entry.conversion_script}"]
+
+
+def test_the_package_stub_exports_what_the_package_exports():
+    import hf_ext
+
+    expected = package_stub(MODELS)
+    stub = (PACKAGE / "__init__.pyi").read_text(encoding="utf-8")
+    assert stub == expected, f"hf_ext/__init__.pyi must read:\n{expected}"
+    assignments = {node.targets[0].id: node.value for node in ast.parse(expected).body if isinstance(node, ast.Assign)}
+    assert ast.literal_eval(assignments["__all__"]) == hf_ext.__all__
 
 
 def test_remote_code_prefixes_name_the_files_save_pretrained_copies():

@@ -25,6 +25,7 @@ from model_layout import (
     model_words,
     naming_problems,
     package_import_problems,
+    package_stub,
     remote_code_problems,
 )
 from test_docs import commands, sections
@@ -147,6 +148,7 @@ TOUCHES = {
     "hf_ext/models/<model>/app.py": "the entry's app, if any (entry_problems)",
     "hf_ext/models/<model>/export_onnx.py": "the entry's exporter, if any (entry_problems)",
     "hf_ext/models/__init__.py": "one line in PACKAGES (test_layout: every folder listed once)",
+    "hf_ext/__init__.pyi": "its top_level names for type checkers (test_layout: package_stub)",
     "conversion/convert_<model>_original_checkpoint.py": "drift_problems, entry_problems",
     "model_cards/<model>.md": "drift_problems, entry_problems",
     "docs/cli.md": "test_docs: a section per command",
@@ -240,6 +242,8 @@ def test_the_top_level_folders_ask_for_its_script_and_card(toy, tmp_path):
     (card_dir / "toy.md").write_text("---\n{{ card_data }}\n---\n# Toy\n")
     assert drift_problems([toy.ENTRY], conversion_dir, card_dir, set()) == []
     assert entry_problems(toy.ENTRY, toy, conversion_dir, card_dir) == []
+    stub = package_stub(MODELS)  # what hf_ext/__init__.pyi would read with the toy listed
+    assert "from hf_ext_toy import ToyConfig as ToyConfig\nfrom hf_ext_toy import ToyModel as ToyModel\n" in stub
 
 
 def test_the_docs_and_the_bad_input_table_ask_for_its_sections_and_cases(toy):
