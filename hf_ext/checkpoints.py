@@ -9,6 +9,7 @@ import codecs
 import pickle
 import re
 import zipfile
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -144,7 +145,8 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError("a persistent id (not a plain pickle)")
 
 
-def restricted_pickle_load(path: str | Path, allowed: dict, what: str = "pickle") -> object:
+def restricted_pickle_load(path: str | Path, allowed: Collection[tuple[str, str]], what: str = "pickle",
+                           ) -> object:
     """Unpickle `path` importing only the globals in `allowed` (pairs of module and name); anything else, a truncated
     file or a non-pickle becomes one `HfExtError` line. Nothing a refused pickle asks for is executed."""
     path = Path(path)

@@ -43,14 +43,15 @@ def remote_code_refusal(error: BaseException) -> str | None:
     `error`'s chain it is (a loader may have turned it into another error), or None. hf-ext never lets transformers
     ask instead: its y/N prompt reads standard input, which a pipe can answer."""
     seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, ValueError) and "trust_remote_code=True" in str(error):
-            match = REMOTE_CODE_REFUSED.search(str(error))
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, ValueError) and "trust_remote_code=True" in str(link):
+            match = REMOTE_CODE_REFUSED.search(str(link))
             name = match.group(1) if match else "the model"
             return (f"{name} needs its own model code, which hf-ext runs only with --trust-remote-code (read that "
                     "code first)")
-        error = error.__cause__ or error.__context__
+        link = link.__cause__ or link.__context__
     return None
 
 

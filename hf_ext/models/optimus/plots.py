@@ -121,12 +121,12 @@ def latent_space_figure(means: "np.ndarray", texts: Sequence[str],
     axis = figure.add_subplot(grid[map_rows, 0])
     if log_history is not None:
         _draw_training_curves([figure.add_subplot(grid[row, 1]) for row in range(len(CURVE_PANELS))], log_history)
-    step_numbers = {}
+    step_numbers: dict[str, list[str]] = {}
     for number, (_, text) in enumerate(steps):
         step_numbers.setdefault(text, []).append(str(number))
     axis.scatter(points[:, 0], points[:, 1], s=18, color="0.65", label="posterior means of the sentences")
     for index in range(len(texts)) if labelled is None else labelled:
-        axis.scatter(*points[index], s=30, color="tab:blue")
+        axis.scatter(points[index, 0], points[index, 1], s=30, color="tab:blue")
         label = ",".join(step_numbers[texts[index]]) if texts[index] in step_numbers else texts[index]
         axis.annotate(label, points[index], xytext=(5, 5), textcoords="offset points", fontsize=8, color="tab:blue")
     if steps:
@@ -159,10 +159,12 @@ def plot_interpolation_table(rows: Iterable[tuple[float, str]], path: str | Path
     if not rows:
         raise HfExtError("no interpolation rows to plot")
     figure = new_figure(9, 0.45 * (len(rows) + 2))
+    from matplotlib.transforms import Bbox  # matplotlib is there: new_figure asked for it
+
     axis = figure.subplots()
     axis.axis("off")
     table = axis.table(cellText=[[f"{t:.2f}", text] for t, text in rows], colLabels=["t", "decoded sentence"],
-                       colWidths=[0.08, 0.92], cellLoc="left", bbox=[0, 0, 1, 1])
+                       colWidths=[0.08, 0.92], cellLoc="left", bbox=Bbox.from_bounds(0, 0, 1, 1))
     table.auto_set_font_size(False)
     table.set_fontsize(9)
     for (_, column), cell in table.get_celld().items():

@@ -11,11 +11,14 @@ torch, and `save_pretrained` copies it beside it (a single-dot relative import o
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
-from torch import nn
 from torch.nn import functional as F
+
+# a module of the dense file (its stack, layer, attention or layer norm), which this file cannot name: that file
+# imports this one, and the package has no import loop, type hints included. Read through its attributes, as `Any`.
+DenseModule: TypeAlias = Any
 
 
 def flat_indices(mask: torch.Tensor) -> torch.Tensor:
@@ -102,7 +105,7 @@ class KeysAndValuesWithHalted(torch.autograd.Function):
         # the signal term's and the bias's gradients in one product: a single pass over each gradient
         position_weights = torch.stack([halted_scale, halted]).flatten(1)
         grad_projected = torch.empty_like(projected)
-        grad_scale, grad_terms, grad_rows = 0, [], []
+        grad_scale, grad_terms, grad_rows = grad_keys.new_zeros(()), [], []
         for grad, part in ((grad_keys, slice(None, ctx.key_depth)), (grad_values, slice(ctx.key_depth, None))):
             torch.mul(grad, halted_scale, out=grad_projected[..., part])
             grad_scale = grad_scale + torch.linalg.vecdot(grad, projected[..., part]) + grad @ signal_term[part]
@@ -126,7 +129,7 @@ class FrozenKeyValues:
     for values. This is the same function as projecting LN(x), computed in another order (float32
     results differ by rounding only)."""
 
-    def __init__(self, attention: nn.Module, norm: nn.Module, signals: torch.Tensor, state: torch.Tensor):
+    def __init__(self, attention: DenseModule, norm: DenseModule, signals: torch.Tensor, state: torch.Tensor):
         """`attention`: the layer's `UniversalTransformerAttention`; `norm`: its `UniversalTransformerLayerNorm`
         before attention; `signals`: the step signals `[steps, hidden]`; `state`: the `[batch, length, hidden]`
         states (for the shapes)."""
@@ -184,7 +187,7 @@ class PackedStep:
     step_inputs: torch.Tensor | None  # [batch, length, hidden] step inputs of every position, where needed
 
 
-def packed_layer_forward(layer: nn.Module, states: torch.Tensor, self_attention_bias: torch.Tensor | None,
+def packed_layer_forward(layer: DenseModule, states: torch.Tensor, self_attention_bias: torch.Tensor | None,
                          nonpadding: torch.Tensor | None,
                          cross_key_value: tuple[torch.Tensor, torch.Tensor] | None,
                          cross_attention_bias: torch.Tensor | None, packed: PackedStep,
@@ -199,7 +202,7 @@ def packed_layer_forward(layer: nn.Module, states: torch.Tensor, self_attention_
         bias = bias.expand(batch, -1, -1, -1)[layout.row, 0, packed.running_index % length]
         bias = layout.pad(bias).unsqueeze(1)
     queries = layer.self_attn_layer_norm(states)
-    if packed.halted_key_value is None:
+    if packed.halted_key_value is None or packed.key_value_weight is None:  # None together, but for the checker
         key, value = layer.self_attn.project_key_value(layer.self_attn_layer_norm(packed.step_inputs))
     else:
         key, value = layer.self_attn.split_heads(*KeysAndValuesWithHalted.apply(
@@ -220,14 +223,16 @@ def packed_layer_forward(layer: nn.Module, states: torch.Tensor, self_attention_
         return hidden + layer.dropout(layer.transition(layer.transition_layer_norm(hidden))), self_weights, \
             cross_weights
     # a convolution reads neighbours: positions not transformed are read as their step input
-    every_position = packed.step_inputs.flatten(0, 1).index_copy(0, packed.running_index, hidden)
-    every_position = every_position.view_as(packed.step_inputs)
+    step_inputs = packed.step_inputs
+    assert step_inputs is not None, "packed_act_steps keeps every step input for a convolution"
+    every_position = step_inputs.flatten(0, 1).index_copy(0, packed.running_index, hidden)
+    every_position = every_position.view_as(step_inputs)
     transformed = layer.transition(layer.transition_layer_norm(every_position), nonpadding)
     every_position = every_position + layer.dropout(transformed)
     return every_position.flatten(0, 1).index_select(0, packed.running_index), self_weights, cross_weights
 
 
-def packed_act_steps(stack: nn.Module, act: Any, state: torch.Tensor, position: torch.Tensor, steps: torch.Tensor,
+def packed_act_steps(stack: DenseModule, act: Any, state: torch.Tensor, position: torch.Tensor, steps: torch.Tensor,
                  transform: Callable[..., torch.Tensor], record: Callable[[torch.Tensor], None],
                  record_states: bool) -> torch.Tensor:
     """`UniversalTransformerStack`'s ACT loop with "frozen" semantics (`act`: its `AdaptiveComputationTime`;
