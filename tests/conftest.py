@@ -19,6 +19,9 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
 TESTS = REPO_ROOT / "tests"
+# how long a test waits for a Python process it starts (torch and transformers imported, a tiny model run): beyond
+# this it has hung. The slowest takes about a minute on the project's idle 2-core machine, ten on a loaded one.
+PROCESS_TIMEOUT = 900
 
 
 def model_test_modules(kind: str) -> list[ModuleType]:
@@ -104,7 +107,7 @@ def run_script(script, *args, monkeypatch, capsys):
     return capsys.readouterr().out
 
 
-def run_torchrun(script, *args, timeout=300):
+def run_torchrun(script, *args, timeout=PROCESS_TIMEOUT):
     """Run `script` (a path under tests/) under `torchrun --nproc_per_node 2` on a free loopback port and return each
     rank's JSON result (`<out>/rank{0,1}.json`, where `out` is the last argument). A hang (e.g. a DDP deadlock)
     becomes a timeout failure; the completed process is returned too, for its stderr."""

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import require_extra
+from conftest import PROCESS_TIMEOUT, require_extra
 
 from hf_ext.cli import build_parser
 
@@ -105,7 +105,7 @@ def test_section_parsing_finds_nested_commands_and_their_options():
 def test_site_builds_strictly(tmp_path):
     require_extra("docs", "mkdocs")
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d",
-                             str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                             str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True, timeout=PROCESS_TIMEOUT)
     assert result.returncode == 0, result.stderr
     built = {p.relative_to(tmp_path / "site").as_posix() for p in (tmp_path / "site").rglob("index.html")}
     for page in ("index.html", "install/index.html", "concepts/index.html", "cli/index.html", "optimus/index.html",

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, REPO_ROOT, cli_exit_code
+from conftest import FIXTURES, PROCESS_TIMEOUT, REPO_ROOT, cli_exit_code
 from hub_server import MockHub
 
 from hf_ext.errors import HfExtError
@@ -224,7 +224,7 @@ def test_a_folder_with_its_own_code_is_refused_without_a_prompt_though_stdin_ans
     env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_"))}
     env.update(PYTHONPATH=str(REPO_ROOT), HF_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     run = subprocess.run([sys.executable, "-m", "hf_ext.cli", "optimus", "encode", str(folder), "a man ."],
-                         input="y\ny\ny\n", capture_output=True, text=True, env=env, timeout=600)
+                         input="y\ny\ny\n", capture_output=True, text=True, env=env, timeout=PROCESS_TIMEOUT)
     assert run.returncode == 1, run.stderr
     assert run.stderr.splitlines()[-1] == (f"hf-ext: error: {folder} needs its own model code, which hf-ext runs only "
                                            "with --trust-remote-code (read that code first)")

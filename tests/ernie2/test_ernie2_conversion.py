@@ -16,7 +16,7 @@ import huggingface_hub
 import numpy as np
 import pytest
 import torch
-from conftest import REPO_ROOT
+from conftest import PROCESS_TIMEOUT, REPO_ROOT
 from hub_server import MockHub
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
@@ -173,7 +173,7 @@ def test_both_fixture_formats_match_the_original_through_vanilla_transformers(tm
         env.update(HF_HOME=str(tmp_path / "home"), HF_ENDPOINT=hub.endpoint)
         sources = [*map(str, outs), "org/ernie2-tiny"]
         result = subprocess.run([sys.executable, "-c", VANILLA_CHECK, str(REFERENCE), *sources], env=env,
-                                cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                                cwd=tmp_path, capture_output=True, text=True, timeout=PROCESS_TIMEOUT)
     finally:
         hub.stop()
     assert result.returncode == 0, result.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO_ROOT, cli_exit_code
+from conftest import PROCESS_TIMEOUT, REPO_ROOT, cli_exit_code
 from safetensors.torch import load_file
 from torch.nn import functional as F
 from transformers import (
@@ -266,7 +266,7 @@ def test_saved_folders_load_without_hf_ext(converted_fixture, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run([sys.executable, "-c", REMOTE_CHECK, str(tmp_path / "pretraining"),
                              str(tmp_path / "ernie")], env=env, cwd=tmp_path, capture_output=True, text=True,
-                            timeout=300)
+                            timeout=PROCESS_TIMEOUT)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["hf_ext"] is False

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import PROCESS_TIMEOUT
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoProcessor, BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
@@ -240,7 +241,7 @@ def test_exit_codes_of_the_installed_command(optimus_tiny, optimus_tiny_converte
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     bad = subprocess.Popen([*command, "convert", "optimus", str(tmp_path / "absent"), str(tmp_path / "out2")],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    (_, good_err), (_, bad_err) = good.communicate(timeout=120), bad.communicate(timeout=120)
+    (_, good_err), (_, bad_err) = good.communicate(timeout=PROCESS_TIMEOUT), bad.communicate(timeout=PROCESS_TIMEOUT)
     assert good.returncode == 0, good_err
     ours, in_process = (load_file(str(f / "model.safetensors")) for f in (tmp_path / "out", optimus_tiny_converted))
     assert ours.keys() == in_process.keys() and all(torch.equal(ours[k], in_process[k]) for k in ours)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import PROCESS_TIMEOUT
 from hub_server import MockHub
 from safetensors.torch import load_file, save_file
 
@@ -170,7 +171,7 @@ def run(*commands, env, cwd):
     processes = [subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True) for command in commands]
     try:
-        outputs = [process.communicate(timeout=180) for process in processes]
+        outputs = [process.communicate(timeout=PROCESS_TIMEOUT) for process in processes]
     finally:
         for process in processes:
             if process.poll() is None:

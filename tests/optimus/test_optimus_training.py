@@ -496,7 +496,7 @@ def test_cli_evaluate_matches_the_api(model_dir, processor, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_two_process_cpu_training_with_torchrun(model_dir, tmp_path):
-    ranks, run = run_torchrun("optimus/optimus_ddp_train.py", model_dir, SNLI / "train.txt", tmp_path, timeout=300)
+    ranks, run = run_torchrun("optimus/optimus_ddp_train.py", model_dir, SNLI / "train.txt", tmp_path)
     for result in ranks:
         assert (result["world_size"], result["global_step"], result["backend"]) == (2, 6, "gloo")
         assert math.isfinite(result["train_loss"])

@@ -499,7 +499,7 @@ def test_cli_halting_map_refuses_bad_input(cli_model, tmp_path, capsys):
 @pytest.mark.slow
 def test_two_process_training_with_different_halting_per_rank(tmp_path):
     # a deadlock (ranks running different numbers of collectives) would hang: the timeout turns it into a failure
-    ranks, run = run_torchrun("universal_transformer/universal_transformer_ddp_train.py", tmp_path, timeout=240)
+    ranks, run = run_torchrun("universal_transformer/universal_transformer_ddp_train.py", tmp_path)
     for result in ranks:
         assert (result["world_size"], result["global_step"], result["backend"]) == (2, 8, "gloo")
         assert len(result["loop_steps"]["encoder"]) == len(result["loop_steps"]["decoder"]) == 8
