@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO_ROOT, cli_exit_code, free_port, local_client, require_extra, running_app
+from conftest import PROCESS_TIMEOUT, REPO_ROOT, cli_exit_code, free_port, local_client, require_extra, running_app
 
 from hf_ext import serve
 from hf_ext.cli import build_parser
@@ -17,6 +17,9 @@ from hf_ext.models import MODELS
 
 SERVED = [entry for entry in MODELS if entry.app is not None]  # the models whose entry names an app
 NOT_SERVED = [entry.model_type for entry in MODELS if entry.app is None]
+# how long a request to a served app may take: a first page load renders the page, seconds on a loaded machine,
+# beyond httpx's default 5 s
+HTTP_TIMEOUT = 120
 
 
 def test_the_apps_are_found_by_model_type():
@@ -130,14 +133,15 @@ def test_the_app_reaches_nothing_but_its_own_address(mtdnn_sample_folder, local_
 
     with running_app(mtdnn_sample_folder) as url:
         assert url.startswith("http://127.0.0.1:")
-        page = httpx.get(url)
+        page = httpx.get(url, timeout=HTTP_TIMEOUT)
         assert page.status_code == 200 and "MT-DNN" in page.text
-        call = httpx.post(f"{url}gradio_api/call/predict", json={"data": ["a man .", ""]}).json()
-        events = httpx.get(f"{url}gradio_api/call/predict/{call['event_id']}", timeout=30).text.splitlines()
+        call = httpx.post(f"{url}gradio_api/call/predict", json={"data": ["a man .", ""]},
+                          timeout=HTTP_TIMEOUT).json()
+        events = httpx.get(f"{url}gradio_api/call/predict/{call['event_id']}", timeout=HTTP_TIMEOUT).text.splitlines()
         assert events[0] == "event: complete"
         assert set(json.loads(events[1].removeprefix("data: "))[0]) == {"sst", "nli", "sts"}
         too_big = httpx.post(f"{url}gradio_api/call/predict", content=b"x" * (serve.MAX_REQUEST_BYTES + 1),
-                             headers={"content-type": "application/json"})
+                             headers={"content-type": "application/json"}, timeout=HTTP_TIMEOUT)
         assert too_big.status_code == 413
     assert local_network_only == []
 
@@ -154,26 +158,26 @@ def test_the_app_serves_no_upload_url_fetch_run_history_or_other_origin(mtdnn_sa
     import httpx
 
     monkeypatch.setenv("HF_TOKEN", TOKEN)
-    with running_app(mtdnn_sample_folder, host="127.0.0.2") as url:
+    with running_app(mtdnn_sample_folder, host="127.0.0.2") as url, httpx.Client(timeout=HTTP_TIMEOUT) as http:
         origin = url.rstrip("/")
         refused = {
-            "run history": httpx.get(f"{url}gradio_api/runs"),
-            "run history buckets (with the token)": httpx.get(f"{url}gradio_api/run-history/buckets"),
-            "upload": httpx.post(f"{url}gradio_api/upload", files={"files": ("a.txt", b"kept after the app stops")}),
-            "URL fetched for the client": httpx.get(f"{url}gradio_api/file=http://example.com/x"),
-            "proxied URL": httpx.get(f"{url}gradio_api/proxy=http://example.com/x"),
+            "run history": http.get(f"{url}gradio_api/runs"),
+            "run history buckets (with the token)": http.get(f"{url}gradio_api/run-history/buckets"),
+            "upload": http.post(f"{url}gradio_api/upload", files={"files": ("a.txt", b"kept after the app stops")}),
+            "URL fetched for the client": http.get(f"{url}gradio_api/file=http://example.com/x"),
+            "proxied URL": http.get(f"{url}gradio_api/proxy=http://example.com/x"),
         }
         assert {name: response.status_code for name, response in refused.items()} == dict.fromkeys(refused, 404)
-        other_origin = httpx.post(f"{url}gradio_api/call/predict", json={"data": ["a man .", ""]},
-                                  headers={"Origin": "http://evil.example"})
+        other_origin = http.post(f"{url}gradio_api/call/predict", json={"data": ["a man .", ""]},
+                                 headers={"Origin": "http://evil.example"})
         assert (other_origin.status_code, other_origin.text) == (403, "requests from other web origins are refused")
-        rebound = httpx.get(url, headers={"Host": f"evil.example:{url.split(':')[-1]}"})  # DNS rebinding
+        rebound = http.get(url, headers={"Host": f"evil.example:{url.split(':')[-1]}"})  # DNS rebinding
         assert rebound.status_code == 421
-        own_origin = httpx.post(f"{url}gradio_api/call/predict", json={"data": ["a man .", ""]},
-                                headers={"Origin": origin})
+        own_origin = http.post(f"{url}gradio_api/call/predict", json={"data": ["a man .", ""]},
+                               headers={"Origin": origin})
         assert own_origin.status_code == 200 and own_origin.headers.get("access-control-allow-origin") in (None,
                                                                                                            origin)
-        page, config = httpx.get(url), httpx.get(f"{url}config")
+        page, config = http.get(url), http.get(f"{url}config")
         assert page.status_code == config.status_code == 200
         assert "MT-DNN: model" in page.text  # the folder's name
         for response in (*refused.values(), other_origin, rebound, own_origin, page, config):
@@ -216,11 +220,12 @@ def test_the_command_serves_a_hub_id_offline_until_ctrl_c(mtdnn_sample_folder, t
         assert set(predictions) == {"sst", "nli", "sts"}
         import httpx
 
-        upload = httpx.post(f"{url}gradio_api/upload", files={"files": ("a.txt", b"kept after the app stops")})
+        upload = httpx.post(f"{url}gradio_api/upload", files={"files": ("a.txt", b"kept after the app stops")},
+                            timeout=HTTP_TIMEOUT)
         assert upload.status_code == 404
-        assert "some-org/mtdnn-tiny" in httpx.get(url).text
+        assert "some-org/mtdnn-tiny" in httpx.get(url, timeout=HTTP_TIMEOUT).text
         server.send_signal(signal.SIGINT)
-        out, err = server.communicate(timeout=30)
+        out, err = server.communicate(timeout=PROCESS_TIMEOUT)
     finally:
         if server.poll() is None:
             server.kill()
