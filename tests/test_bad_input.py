@@ -26,7 +26,7 @@ from bad_input import (
     run,
     table_problems,
 )
-from conftest import model_test_modules
+from conftest import PROCESS_TIMEOUT, model_test_modules
 
 from hf_ext.errors import HfExtError
 from hf_ext.output import atomic_output_dir
@@ -179,7 +179,7 @@ def test_a_signal_during_a_save_removes_the_staging_folder(tmp_path, sent, code,
     process = start_slow_writer(tmp_path / "out")
     assert len(list(tmp_path.glob(".out.partial-*"))) == 1
     process.send_signal(sent)
-    assert process.wait(timeout=60) == code
+    assert process.wait(timeout=PROCESS_TIMEOUT) == code
     lines = process.stderr.read().splitlines()
     assert lines[-2:] == ['{"step": 1, "loss": 2.5}', f"hf-ext: error: {message}"]  # each on a line of its own
     assert list(tmp_path.iterdir()) == []
@@ -187,7 +187,7 @@ def test_a_signal_during_a_save_removes_the_staging_folder(tmp_path, sent, code,
 
 def stop(process):
     process.kill()
-    process.wait(timeout=60)
+    process.wait(timeout=PROCESS_TIMEOUT)
     process.stdout.close()
     process.stderr.close()
 
