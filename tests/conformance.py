@@ -265,6 +265,7 @@ class ModelConformance:
         names = {name for name, parameter in model.named_parameters(remove_duplicate=False) if parameter is embedding}
         return (names | set(model.all_tied_weights_keys.values())) & set(state)
 
+    @pytest.mark.slow
     def test_missing_embeddings_are_reported_on_load(self, tmp_path):
         model = self.model()
         model.save_pretrained(tmp_path)
@@ -278,6 +279,7 @@ class ModelConformance:
             _, info = self.model_class.from_pretrained(tmp_path, output_loading_info=True)
             assert name in info["missing_keys"], name
 
+    @pytest.mark.slow
     def test_tied_weights_are_tied_and_declared(self, tmp_path):
         model = self.model()
         tied = model.all_tied_weights_keys
@@ -304,6 +306,7 @@ class ModelConformance:
         assert next(iter(outputs.keys())) == "loss"
         assert outputs.loss.dim() == 0 and torch.isfinite(outputs.loss)
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("kind", ["hidden_states", "attentions"])
     def test_hidden_states_and_attentions_by_keyword_and_by_config(self, kind):
         model = self.model(attn_implementation="eager")  # SDPA computes no attention weights
@@ -323,6 +326,7 @@ class ModelConformance:
         for field in expected:
             assert_outputs_close(getattr(by_keyword, field), getattr(by_config, field), atol=0)
 
+    @pytest.mark.slow
     def test_eager_matches_sdpa(self):
         sdpa = self.model(attn_implementation="sdpa")
         eager = same_weights(sdpa, self.model_class, attn_implementation="eager")
@@ -330,6 +334,7 @@ class ModelConformance:
         inputs = self.inputs(sdpa.config, labels=True)
         assert_outputs_close(self.run(eager, inputs), self.run(sdpa, inputs))
 
+    @pytest.mark.slow
     def test_a_registered_attention_function_is_used(self):
         calls = []
         register_counting_attention("hf_ext_counting", calls)
@@ -352,6 +357,7 @@ class ModelConformance:
             assert model.get_encoder(modality=modality) is model
         assert isinstance(model.get_encoder(), nn.Module)
 
+    @pytest.mark.slow
     def test_resize_token_embeddings_then_save_and_load(self, tmp_path):
         model = self.model()
         vocab_size = model.get_input_embeddings().weight.shape[0]
@@ -372,12 +378,14 @@ class ModelConformance:
         model.resize_token_embeddings(vocab_size - 2)
         assert model.get_input_embeddings().weight.shape[0] == vocab_size - 2
 
+    @pytest.mark.slow
     def test_training_step_reaches_the_weights(self):
         model = self.model().train()
         self.training_objective(model(**self.inputs(model.config, labels=True))).backward()
         with_grad = [name for name, parameter in model.named_parameters() if parameter.grad is not None]
         assert with_grad and all(torch.isfinite(model.get_parameter(name).grad).all() for name in with_grad)
 
+    @pytest.mark.slow
     def test_gradient_checkpointing_gives_the_same_gradients(self):
         if not self.model_class.supports_gradient_checkpointing:
             with pytest.raises(ValueError):
@@ -420,6 +428,7 @@ class ModelConformance:
             pytest.skip(f"AutoModelForSequenceClassification does not build {self.model_class.__name__} for "
                         f"{type(config).__name__}: problem types concern sequence classifiers")
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("problem_type", PROBLEM_TYPES)
     def test_loss_follows_the_problem_type(self, problem_type):
         self.skip_unless_sequence_classifier()
@@ -438,6 +447,7 @@ class ModelConformance:
         assert all(torch.isfinite(parameter.grad).all() for parameter in model.parameters()
                    if parameter.grad is not None)
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("problem_type", PROBLEM_TYPES)
     def test_problem_type_is_inferred_when_unset(self, problem_type):
         """Unset, the problem type follows from `num_labels` and the labels' dtype (one output: regression; integer
@@ -458,6 +468,7 @@ class ModelConformance:
 
     # ----- batching (test_batching_equivalence) -----
 
+    @pytest.mark.slow
     def test_a_row_alone_gives_its_row_of_the_batch(self):
         model = self.model()
         inputs = self.inputs(model.config)
@@ -476,6 +487,7 @@ class ModelConformance:
 
     # ----- loading (test_load_with_mismatched_shapes, test_correct_missing_keys, initialisation) -----
 
+    @pytest.mark.slow
     def test_checkpoint_of_another_size_loads_only_when_mismatches_are_ignored(self, tmp_path):
         model = self.model()
         model.save_pretrained(tmp_path)
@@ -502,6 +514,7 @@ class ModelConformance:
                 assert torch.equal(loaded[name], tensor), name
         assert tensors_of(self.run(reloaded.eval(), self.inputs(reloaded.config)))
 
+    @pytest.mark.slow
     def test_classifier_with_more_labels_loads_only_when_mismatches_are_ignored(self, tmp_path):
         self.skip_unless_sequence_classifier()
         model = self.model()
@@ -519,6 +532,7 @@ class ModelConformance:
                 assert torch.equal(tensor, saved[name]), name
         assert self.run(reloaded.eval(), self.inputs(reloaded.config)).logits.shape[-1] == num_labels
 
+    @pytest.mark.slow
     def test_init_weights_cover_every_weight(self):
         """`_init_weights` (through `initialize_weights`, what `from_pretrained` runs for weights a checkpoint lacks)
         writes every parameter: none keeps the NaN it is filled with."""
@@ -531,6 +545,7 @@ class ModelConformance:
         left = [name for name, parameter in model.named_parameters() if torch.isnan(parameter).any()]
         assert not left, f"_init_weights leaves {left}"
 
+    @pytest.mark.slow
     def test_init_follows_the_config_scale(self):
         """transformers' `test_initialization`: with the config's initializer range (or gain) near zero, every
         weight is near 0 or 1 (norm scales); the tester's exceptions are exactly the weights that are not."""
@@ -544,6 +559,7 @@ class ModelConformance:
         for pattern in self.init_not_from_config:  # each stated exception still holds
             assert any(re.search(pattern, name) for name in off), pattern
 
+    @pytest.mark.slow
     def test_loaded_weights_are_not_initialised_again(self, tmp_path):
         """Weights read from a checkpoint carry transformers' `_is_hf_initialized` flag: initialising again (as
         `post_init` or a later `initialize_weights` does) keeps them, and only what the checkpoint lacks is new."""
@@ -564,6 +580,7 @@ class ModelConformance:
                 assert torch.equal(tensor, state[name]), name
         assert torch.isfinite(before[dropped]).all()
 
+    @pytest.mark.slow
     def test_base_model_loads_into_the_head_and_back(self, tmp_path):
         """transformers' `base_model_prefix`: the base model's weights load into the model with its heads (the heads
         are missing, nothing else), and the head model's into the base model (the heads are unexpected)."""
@@ -594,6 +611,7 @@ class ModelConformance:
 
     # ----- inputs (test_inputs_embeds_matches_input_ids) -----
 
+    @pytest.mark.slow
     def test_inputs_embeds_give_the_outputs_of_input_ids(self):
         model = self.model()
         parameters = inspect.signature(model.forward).parameters
@@ -615,6 +633,7 @@ class ModelConformance:
 
     # ----- attention implementations of composite models (test_attn_implementation_composite_models) -----
 
+    @pytest.mark.slow
     def test_attention_implementation_per_sub_model(self, tmp_path):
         config = self.config()
         sub_models = [key for key in config.sub_configs if getattr(config, key, None) is not None]
@@ -641,6 +660,7 @@ class ModelConformance:
 
     # ----- parameter-efficient fine-tuning (test_peft_gradient_checkpointing_enable_disable) -----
 
+    @pytest.mark.slow
     def test_peft_lora_with_gradient_checkpointing(self):
         """LoRA adapters on every linear layer (PEFT) train the same with and without gradient checkpointing, the
         base weights frozen."""
@@ -745,6 +765,7 @@ class GenerationConformance:
         torch.testing.assert_close(generated.sequences, sequences)
         assert len(generated.scores) == self.max_new_tokens
 
+    @pytest.mark.slow
     def test_sampling_draws_from_the_model_and_top_k_1_is_greedy(self):
         model = self.generative_model()
         greedy = self.generate(model)
@@ -799,6 +820,7 @@ class GenerationConformance:
             scores.append(beam_scores / self.max_new_tokens**length_penalty)
         return torch.cat(results), torch.cat(scores)
 
+    @pytest.mark.slow
     def test_beam_search_matches_a_reference_beam_search(self):
         model = self.generative_model()
         greedy = self.generate(model)
@@ -814,6 +836,7 @@ class GenerationConformance:
         torch.testing.assert_close(beams.sequences_scores, scores, atol=ATOL, rtol=ATOL)
         torch.testing.assert_close(self.generate(model, num_beams=1), greedy)  # one beam is greedy search
 
+    @pytest.mark.slow
     def test_generate_dict_outputs_have_one_entry_per_step(self):
         model = self.generative_model()
         model.set_attn_implementation("eager")  # SDPA computes no attention weights
@@ -841,6 +864,7 @@ class GenerationConformance:
         torch.testing.assert_close(with_cache.sequences, without.sequences)
         assert_outputs_close(with_cache.logits, without.logits)
 
+    @pytest.mark.slow
     def test_generation_continues_from_a_prefix_cache(self):
         """generate() handed the cache of an earlier call on a prefix (and that call's output as the prompt) goes on
         as one call would have (transformers' `test_generate_continue_from_past_key_values`)."""
@@ -859,6 +883,7 @@ class GenerationConformance:
                                   max_new_tokens=self.max_new_tokens - half, min_new_tokens=self.max_new_tokens - half)
         torch.testing.assert_close(rest, whole)
 
+    @pytest.mark.slow
     def test_static_cache_gives_the_dynamic_cache_output(self):
         model = self.generative_model()
         self.skip_without_cache(model, "a static cache")
@@ -868,6 +893,7 @@ class GenerationConformance:
         torch.testing.assert_close(static.sequences, dynamic.sequences)
         assert_outputs_close(dynamic.logits, static.logits)
 
+    @pytest.mark.slow
     def test_left_padding_gives_the_unpadded_generation(self):
         """A left-padded prompt (its attention mask zero over the padding) generates the tokens and logits of the
         unpadded one (transformers' `test_left_padding_compatibility`)."""
@@ -891,6 +917,7 @@ class GenerationConformance:
         torch.testing.assert_close(padded.sequences[:, 3:], plain.sequences)
         assert_outputs_close(plain.logits, padded.logits)
 
+    @pytest.mark.slow
     def test_assisted_decoding_gives_greedy_output(self):
         model = self.generative_model()
         self.skip_without_cache(model, "assisted decoding")
@@ -901,6 +928,7 @@ class GenerationConformance:
             torch.testing.assert_close(self.generate(model, rows=slice(row, row + 1), assistant_model=assistant),
                                        greedy)
 
+    @pytest.mark.slow
     def test_prompt_lookup_decoding_gives_greedy_output(self):
         model = self.generative_model()
         self.skip_without_cache(model, "prompt lookup decoding (assisted decoding)")

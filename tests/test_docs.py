@@ -102,6 +102,7 @@ def test_section_parsing_finds_nested_commands_and_their_options():
         "x": [], "x a": [], "x a b": ["--flag"]}
 
 
+@pytest.mark.slow
 def test_site_builds_strictly(tmp_path):
     require_extra("docs", "mkdocs")
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d",

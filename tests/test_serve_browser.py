@@ -1,7 +1,7 @@
-"""`hf-ext serve` end to end in a real headless browser: Playwright for Python driving Debian's chromium (`.ci/run`
-installs it; Playwright's own browser download is not possible there). Each app is used as a person would, what the
-page shows is checked against the library, and the page may reach nothing but the app's own address. Under CI=true
-a missing chromium or Playwright fails the test instead of skipping it."""
+"""`hf-ext serve` end to end in a real headless browser: Playwright for Python driving Debian's chromium
+(`apt-get install chromium`; Playwright's own browser download is not possible on the project's machine). Each app
+is used as a person would, what the page shows is checked against the library, and the page may reach nothing but
+the app's own address. Under CI=true a missing chromium or Playwright fails the test instead of skipping it."""
 
 import contextlib
 import os

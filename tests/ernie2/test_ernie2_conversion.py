@@ -201,6 +201,7 @@ CONFIG_RELEASED_STYLE = {  # like the English release: no use_task_id (its task_
 CASES = {"relu-tabvocab": (CONFIG_RELU, True, False), "released-untied": (CONFIG_RELEASED_STYLE, False, True)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("writer", [write_static_release, write_paddlenlp_folder], ids=["static", "paddlenlp"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_other_configurations_match_the_original_graph(tmp_path, case, writer):
@@ -232,6 +233,7 @@ def test_other_configurations_match_the_original_graph(tmp_path, case, writer):
     assert tokenizer("A dog")["input_ids"] == [2, tokens.index("a"), tokens.index("dog"), 3]
 
 
+@pytest.mark.slow
 def test_paddlenlp_next_sentence_head_is_kept_and_missing_one_is_zero(tmp_path):
     tokens = sample_vocab()
     config = {**CONFIG_RELEASED_STYLE, "vocab_size": len(tokens)}
@@ -349,6 +351,7 @@ BAD_INPUTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
 def test_bad_input_gives_one_error_line_and_writes_nothing(tmp_path, capsys, case):
     fixture, damage, message = BAD_INPUTS[case]
@@ -368,6 +371,7 @@ def test_bad_input_gives_one_error_line_and_writes_nothing(tmp_path, capsys, cas
 
 # ------------------------------------------------------------------------------------------------------------- card
 
+@pytest.mark.slow
 def test_model_card_quotes_the_published_glue_results_and_records_provenance(tmp_path):
     out = convert(STATIC, tmp_path / "out", "--reference", str(REFERENCE), "--checksums")
     card = ModelCard.load(out / "README.md")

@@ -83,6 +83,7 @@ class TestMTDNNModel(MTDNNTester):
 class TestMTDNNForSequenceClassification(MTDNNTester):
     model_class = MTDNNForSequenceClassification
 
+    @pytest.mark.slow
     def test_the_number_of_labels_is_the_tasks(self, tmp_path):
         """The reason for skipping the check of loading with more labels: num_labels does not size the heads."""
         model = self.model()
@@ -106,6 +107,7 @@ class TestMTDNNForSequenceClassification(MTDNNTester):
 
 # ----- regression of issue #17 -----
 
+@pytest.mark.slow
 def test_resized_vocabulary_survives_save_and_load(tmp_path):
     """#17.1: `resize_token_embeddings` records the new size in the encoder's config, which the encoder is rebuilt
     from, so the saved model loads."""

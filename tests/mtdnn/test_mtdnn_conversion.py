@@ -152,6 +152,7 @@ def test_folder_holds_config_code_weights_and_card(converted, tiny):
     assert len(rows) == 6 and all(float(row.split("|")[2]) < ATOL for row in rows)
 
 
+@pytest.mark.slow
 def test_yaml_task_definitions_and_a_tokenizer_give_a_pipeline_ready_folder(tiny, converted, tmp_path, capsys):
     vocab_size = json.loads((converted / "config.json").read_text())["encoder"]["vocab_size"]
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -362,6 +363,7 @@ CONFIGURATIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONFIGURATIONS))
 def test_other_configurations_convert_exactly(name, tmp_path, capsys):
     spec = CONFIGURATIONS[name]
@@ -445,6 +447,7 @@ def small_checkpoint(tmp_path_factory):
     return folder / "model.pt", yaml_text
 
 
+@pytest.mark.slow
 def test_pickle_that_would_run_code_is_refused_unexecuted(small_checkpoint, tmp_path, capsys):
     marker = tmp_path / "executed"
     evil = tmp_path / "evil.pt"
@@ -457,6 +460,7 @@ def test_pickle_that_would_run_code_is_refused_unexecuted(small_checkpoint, tmp_
     assert_refused(capsys, tmp_path / "out", probe, message="builtins.getattr")
 
 
+@pytest.mark.slow
 def test_truncated_foreign_and_encoder_only_checkpoints_are_refused(small_checkpoint, tmp_path, capsys):
     data = small_checkpoint[0].read_bytes()
     (tmp_path / "truncated.pt").write_bytes(data[:len(data) // 2])
@@ -469,6 +473,7 @@ def test_truncated_foreign_and_encoder_only_checkpoints_are_refused(small_checkp
     assert_refused(capsys, tmp_path / "out", tmp_path / "absent.pt", message="does not exist")
 
 
+@pytest.mark.slow
 def test_yaml_problems_are_refused(small_checkpoint, tmp_path, capsys):
     checkpoint, yaml_text = small_checkpoint
     cases = {
@@ -489,6 +494,7 @@ def test_yaml_problems_are_refused(small_checkpoint, tmp_path, capsys):
         assert_refused(capsys, tmp_path / "out", checkpoint, "--task-def", path, message=message)
 
 
+@pytest.mark.slow
 def test_unknown_task_names_and_options_are_refused(small_checkpoint, tmp_path, capsys):
     checkpoint = small_checkpoint[0]
     assert_refused(capsys, tmp_path / "out", checkpoint, "--default-task", "qqp",
@@ -499,6 +505,7 @@ def test_unknown_task_names_and_options_are_refused(small_checkpoint, tmp_path, 
                    message="argument --group-size: expected TASK=K, got 'copa'")
 
 
+@pytest.mark.slow
 def test_unsupported_encoders_and_san_variants_are_refused(tmp_path, capsys):
     bert = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8,
                       max_position_embeddings=16)
@@ -511,6 +518,7 @@ def test_unsupported_encoders_and_san_variants_are_refused(tmp_path, capsys):
                    message="unsupported SAN option(s) answer_att_type='simple'")
 
 
+@pytest.mark.slow
 def test_mismatched_reference_masks_are_refused(converted, reference, tiny, tmp_path, capsys):
     tensors, _ = reference
     broken = {k: v for k, v in tensors.items() if k.startswith("mnli.")}
@@ -520,6 +528,7 @@ def test_mismatched_reference_masks_are_refused(converted, reference, tiny, tmp_
                    message="premise_mask must be a bool tensor (True = excluded) of the input's shape")
 
 
+@pytest.mark.slow
 def test_existing_output_is_kept(small_checkpoint, tmp_path, capsys):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("mine")

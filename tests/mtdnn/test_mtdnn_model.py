@@ -290,6 +290,7 @@ def test_losses_follow_the_task_type():
     torch.testing.assert_close(rank_groups.loss, rank_rows.loss)
 
 
+@pytest.mark.slow
 def test_multi_task_training_lowers_every_task_loss():
     model = tiny_model(seed=1, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     labels = {"sst": torch.tensor([0, 1, 0, 1, 0, 1]), "nli": torch.tensor([0, 1, 2, 2, 1, 0]),
@@ -368,6 +369,7 @@ def test_left_padding_gives_the_right_padded_result():
 # ----- loading: BERT init, one task as a classifier, remote code ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_bert_checkpoint_initialises_the_encoder(tmp_path):
     torch.manual_seed(0)
     bert = BertModel(encoder())
@@ -385,6 +387,7 @@ def saved_model(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_one_task_as_a_classifier_in_a_pipeline(saved_model):
     classifier = AutoModelForSequenceClassification.from_pretrained(saved_model, default_task="nli")
     assert isinstance(classifier, MTDNNForSequenceClassification) and classifier.task == "nli"
@@ -404,6 +407,7 @@ def test_one_task_as_a_classifier_in_a_pipeline(saved_model):
     assert regression.config.problem_type == "regression" and regression.config.num_labels == 1
 
 
+@pytest.mark.slow
 def test_fine_tuned_classifier_still_loads_as_the_multi_task_model(saved_model, tmp_path):
     classifier = AutoModelForSequenceClassification.from_pretrained(saved_model, default_task="sts")
     classifier.train()
@@ -418,6 +422,7 @@ def test_fine_tuned_classifier_still_loads_as_the_multi_task_model(saved_model, 
     assert not torch.equal(reloaded.heads["sts"].out_proj.weight, original.heads["sts"].out_proj.weight)
 
 
+@pytest.mark.slow
 def test_saved_remote_code_passes_transformers_import_check_without_pyyaml(tmp_path, monkeypatch):
     """transformers' own check of a remote-code folder (`check_imports`, which imports every module its files import,
     indented imports included) passes where PyYAML cannot be imported: the task-definition YAML is read outside the

@@ -11,6 +11,8 @@ from hf_ext.cli import main
 from hf_ext.models.optimus.demo import ACTIVITIES, PLACES, SHOWN, SUBJECTS
 from hf_ext.sample_text import bundled_sentences
 
+pytestmark = pytest.mark.slow
+
 SUMMARY_FIELDS = {"reconstructions", "interpolation", "kl", "active_units", "mutual_information", "seconds"}
 
 

@@ -166,7 +166,8 @@ def test_injection_switches(converted, reference, memory, embedding, with_latent
 
 
 @pytest.mark.parametrize("name, fb_mode, length_weighted", [
-    ("vae_loss_lw_fb1", 1, True), ("vae_loss_lw_fb0", 0, True), ("vae_loss_nolw_fb1", 1, False),
+    ("vae_loss_lw_fb1", 1, True), pytest.param("vae_loss_lw_fb0", 0, True, marks=pytest.mark.slow),
+    pytest.param("vae_loss_nolw_fb1", 1, False, marks=pytest.mark.slow),
 ])
 def test_vae_loss(converted, reference, name, fb_mode, length_weighted):
     ref, meta = reference
@@ -210,6 +211,7 @@ def test_model_card_records_sources_and_parity(optimus_tiny_converted, optimus_t
     assert f"| `{weights.parent.name}/{weights.name}` | {weights.stat().st_size} | `{sha256(weights)}` |" in card.text
 
 
+@pytest.mark.slow
 def test_flag_override_wins_over_the_training_args(optimus_tiny, reference, tmp_path, capsys):
     ref, meta = reference
     code, _ = run_cli(capsys, "convert", "optimus", optimus_tiny, tmp_path / "out", "--latent-as-gpt-emb", "0")
@@ -221,6 +223,7 @@ def test_flag_override_wins_over_the_training_args(optimus_tiny, reference, tmp_
         assert_matches(model(labels=ref["dec_labels"], latent_z=ref["z"]).logits, ref["dec_logits_mem_only"])
 
 
+@pytest.mark.slow
 def test_conversion_script_help(repo_root, capsys):
     script = repo_root / "conversion" / "convert_optimus_original_checkpoint.py"
     assert run_script(script, "--help") == 0
@@ -284,6 +287,7 @@ def assert_reproduces(folder, source):
     dict(latent_size=12, latent_as_gpt_memory=False, beta=0.5, dim_target_kl=0.1, length_weighted_loss=True),
     dict(latent_size=7, tie_word_embeddings=False, fb_mode=2),
 ], ids=["latent5-3layers-6heads", "memory-only", "embedding-only", "untied-deterministic"])
+@pytest.mark.slow
 def test_other_configurations(tmp_path, capsys, sizes):
     source = write_sample_checkpoint(tmp_path / "original", seed=11, **sizes)
     assert run_cli(capsys, "convert", "optimus", tmp_path / "original", tmp_path / "out")[0] == 0
@@ -292,6 +296,7 @@ def test_other_configurations(tmp_path, capsys, sizes):
     assert tied == source.config.tie_word_embeddings
 
 
+@pytest.mark.slow
 def test_processor_from_the_checkpoint_tokenizers(tmp_path, capsys):
     source = write_sample_checkpoint(tmp_path / "original", seed=5, latent_size=4)
     encoder_dir, decoder_dir = (step_folder(tmp_path / "original", kind) for kind in ("encoder", "decoder"))
@@ -315,6 +320,7 @@ def test_processor_from_the_checkpoint_tokenizers(tmp_path, capsys):
     assert torch.equal(ours.loss, theirs.loss)
 
 
+@pytest.mark.slow
 def test_step_selection(tmp_path, capsys):
     sources = {step: write_sample_checkpoint(tmp_path / "original", seed=step, step=step) for step in (9, 10)}
     assert run_cli(capsys, "convert", "optimus", tmp_path / "original", tmp_path / "latest")[0] == 0
@@ -323,6 +329,7 @@ def test_step_selection(tmp_path, capsys):
     assert_reproduces(tmp_path / "nine", sources[9])
 
 
+@pytest.mark.slow
 def test_training_bin_without_configs_infers_them(tmp_path, capsys):
     """Only checkpoint-full-N/ folders: sizes come from the weights, heads from the 64-dim convention."""
     sources = {}
@@ -338,6 +345,7 @@ def test_training_bin_without_configs_infers_them(tmp_path, capsys):
     assert_reproduces(tmp_path / "two", sources[2])
 
 
+@pytest.mark.slow
 def test_round_trip_error_compares_every_stored_tensor_block_by_block(tmp_path):
     """The converter's weight check: exact zero for a faithful file, the largest difference otherwise (found in any
     block of rows, scalars included), tied copies that the file does not store skipped, and `written` emptied."""
@@ -485,6 +493,7 @@ def assert_failed_cleanly(code, stderr, pattern, out, expected_code=1):
         assert not [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", BAD_SOURCES)
 def test_bad_source(case, original, tmp_path, capsys):
     args = break_source(case, original, tmp_path)
@@ -493,6 +502,7 @@ def test_bad_source(case, original, tmp_path, capsys):
     assert_failed_cleanly(code, stderr, BAD_SOURCES[case], out)
 
 
+@pytest.mark.slow
 def test_failure_removes_the_parent_folders_it_created(original, tmp_path, capsys):
     edit_weights(step_folder(original, "decoder") / WEIGHTS_FILE, drop("transformer.ln_f.bias"))
     out = tmp_path / "new" / "deeper" / "converted"
@@ -514,6 +524,7 @@ class RunsCode:
 @pytest.mark.parametrize("target, zip_format", [
     ("decoder weights", False), ("decoder weights", True), ("training args", False), ("training.bin", False),
 ])
+@pytest.mark.slow
 def test_pickle_that_would_run_code_is_refused_unexecuted(target, zip_format, original, tmp_path, capsys):
     marker = tmp_path / "payload-ran"
     payload = {"transformer.wte.weight": RunsCode(marker)}
@@ -533,6 +544,7 @@ def test_pickle_that_would_run_code_is_refused_unexecuted(target, zip_format, or
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_existing_output_is_kept_unless_overwrite(original, optimus_tiny, tmp_path, capsys):
     out = tmp_path / "converted"
     out.mkdir()
@@ -551,6 +563,7 @@ def test_existing_output_is_kept_unless_overwrite(original, optimus_tiny, tmp_pa
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".converted.")]
 
 
+@pytest.mark.slow
 def test_unwritable_output(original, tmp_path, capsys):
     (tmp_path / "a-file").write_text("not a folder")
     out = tmp_path / "a-file" / "converted"
@@ -568,6 +581,7 @@ def test_unwritable_output(original, tmp_path, capsys):
     (["--encoder-tokenizer", "EMPTY"], r"tokenizer folder .*empty-tokenizer has no vocab\.txt", 1),
     (["--decoder-tokenizer", "EMPTY"], r"tokenizer folder .*empty-tokenizer has no vocab\.json and merges\.txt", 1),
 ], ids=["memory-flag-2", "absent-step", "encoder-only", "decoder-only", "encoder-tokenizer", "decoder-tokenizer"])
+@pytest.mark.slow
 def test_bad_flags(flags, pattern, expected_code, original, tmp_path, capsys):
     (tmp_path / "empty-tokenizer").mkdir()
     folders = {"ENCODER": step_folder(original, "encoder"), "DECODER": step_folder(original, "decoder"),

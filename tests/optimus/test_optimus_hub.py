@@ -29,6 +29,8 @@ from hf_ext.models.optimus.conversion import ARGS_FILE, LEGACY_HUB_IDS, convert_
 from hf_ext.models.optimus.samples import write_sample_checkpoint
 from hf_ext.sample_text import bundled_sentences
 
+pytestmark = pytest.mark.slow
+
 HF_EXT_SCRIPT = Path(sys.executable).parent / "hf-ext"
 DEAD_ENDPOINT = "http://127.0.0.1:9"  # nothing listens: any network access fails at once
 MAX_NEW_TOKENS = 6

@@ -44,7 +44,9 @@ def recompute_greedy(model, latent_z, steps):
     return ids, torch.stack(step_logits, 1)
 
 
-@pytest.mark.parametrize("memory, embedding", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("memory, embedding", [
+    (True, True), pytest.param(True, False, marks=pytest.mark.slow), pytest.param(False, True, marks=pytest.mark.slow),
+])
 def test_cached_greedy_generation_equals_recompute_loop(model, memory, embedding):
     model.config.latent_as_gpt_memory, model.config.latent_as_gpt_emb = memory, embedding
     try:
@@ -58,6 +60,7 @@ def test_cached_greedy_generation_equals_recompute_loop(model, memory, embedding
         model.config.latent_as_gpt_memory = model.config.latent_as_gpt_emb = True
 
 
+@pytest.mark.slow
 def test_each_row_decodes_its_own_latent(model):
     latent = torch.randn(3, LATENT, generator=torch.Generator().manual_seed(1))
     batched = model.generate(latent_z=latent, max_new_tokens=6, min_new_tokens=6)
@@ -66,6 +69,7 @@ def test_each_row_decodes_its_own_latent(model):
         assert torch.equal(batched[row], alone[0])
 
 
+@pytest.mark.slow
 def test_beam_search_and_sampling(model):
     latent = torch.randn(2, LATENT, generator=torch.Generator().manual_seed(2))
     beams = model.generate(latent_z=latent, max_new_tokens=5, num_beams=3, num_return_sequences=2,
@@ -82,6 +86,7 @@ def test_beam_search_and_sampling(model):
     assert first[:, 0].eq(model.config.decoder.bos_token_id).all() and greedy.shape == first.shape
 
 
+@pytest.mark.slow
 def test_top_k_one_sampling_is_greedy(model):
     latent = torch.randn(2, LATENT, generator=torch.Generator().manual_seed(4))
     greedy = model.generate(latent_z=latent, max_new_tokens=6, min_new_tokens=6)
@@ -89,6 +94,7 @@ def test_top_k_one_sampling_is_greedy(model):
     assert torch.equal(greedy, sampled)
 
 
+@pytest.mark.slow
 def test_left_padded_prompt_matches_unpadded(model):
     bos, pad = model.config.decoder.bos_token_id, model.config.decoder.pad_token_id
     latent = torch.randn(2, LATENT, generator=torch.Generator().manual_seed(5))
@@ -270,6 +276,7 @@ def test_save_load_and_auto_classes(model, tmp_path):
     torch.testing.assert_close(classifier.to_latent.weight, model.to_latent.weight)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("feature", ["pooled", "latent_mean"])
 def test_sequence_classification_trains(model, feature):
     config = model.config.__class__.from_dict(model.config.to_dict())
@@ -290,6 +297,7 @@ def test_sequence_classification_trains(model, feature):
     assert losses[-1] < 0.5 * losses[0]
 
 
+@pytest.mark.slow
 def test_frozen_encoder_trains_only_the_classifier(model):
     config = model.config.__class__.from_dict(model.config.to_dict())
     config.num_labels, config.freeze_encoder = 2, True
@@ -314,6 +322,7 @@ def test_processor_builds_both_sides_and_round_trips(processor, tmp_path):
     assert all(torch.equal(batch[k], again[k]) for k in ("input_ids", "attention_mask", "labels"))
 
 
+@pytest.mark.slow
 def test_latent_space_on_text(processor):
     config = tiny_config(len(processor.tokenizer), len(processor.decoder_tokenizer) - 3, latent_size=LATENT,
                          hidden_size=32, num_layers=2, num_heads=4)

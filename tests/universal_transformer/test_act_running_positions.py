@@ -14,6 +14,8 @@ from hf_ext.lora import add_lora
 from hf_ext.models.universal_transformer import modeling_universal_transformer as modeling
 from hf_ext.models.universal_transformer import modeling_universal_transformer_packed as fast_path
 
+pytestmark = pytest.mark.slow
+
 ATOL = 2e-5
 
 

@@ -79,6 +79,7 @@ class TestUniversalTransformerModel(UniversalTransformerTester):
         # the encoder has no loss: its ponder cost (reaching the halting unit) and a function of its output
         return outputs.ponder_cost + outputs.last_hidden_state.pow(2).mean()
 
+    @pytest.mark.slow
     def test_act_exports_and_compiles(self):
         """torch.export takes all `act_max_steps` steps with the halted positions kept (the loop's exit and the
         packing of running positions depend on the data), with the eager outputs; torch.compile runs the eager
@@ -202,6 +203,7 @@ def test_attention_weights_are_returned_and_frozen_rows_are_zero():
         assert bool((rows[:, ~running] == 0).all())
 
 
+@pytest.mark.slow
 def test_seq2seq_exports_without_a_data_dependent_mask_check():
     """#17.3: a fixed-depth seq2seq model with an attention mask exports (the mask is no longer checked for
     `all()`), and the default `get_encoder(modality=...)` of transformers finds no modal encoder."""

@@ -71,6 +71,7 @@ def test_fixture_parity_without_act(converted, reference):
     torch.testing.assert_close(output.logits, reference["fixed_logits"], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_final_layer_norm_option(fixture_dir, reference, tmp_path):
     out = tmp_path / "with_norm"
     assert main(["convert", "universal-transformer", str(fixture_dir), str(out), "--final-layer-norm"]) == 0
@@ -150,6 +151,7 @@ OTHER_CONFIGURATIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", OTHER_CONFIGURATIONS)
 def test_other_configurations_match_the_algorithm(name, tmp_path):
     arguments, overrides, halting = OTHER_CONFIGURATIONS[name]
@@ -254,6 +256,7 @@ def assert_refused(capsys, argv, fragment, out, kept=()):
     assert sorted(p.name for p in root.iterdir()) == sorted(kept)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", bad_sources())
 def test_bad_input_is_refused_with_one_line(name, fixture_dir, tmp_path, capsys):
     spoil, fragment = bad_sources()[name]
@@ -267,6 +270,7 @@ def test_bad_input_is_refused_with_one_line(name, fixture_dir, tmp_path, capsys)
     assert_refused(capsys, ["convert", "universal-transformer", str(src), str(out)], fragment, out, kept=["src"])
 
 
+@pytest.mark.slow
 def test_pickle_that_would_run_code_is_refused(fixture_dir, tmp_path, capsys):
     src, marker = tmp_path / "src", tmp_path / "code-ran"
     src.mkdir()
@@ -279,12 +283,14 @@ def test_pickle_that_would_run_code_is_refused(fixture_dir, tmp_path, capsys):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_missing_source_is_refused(tmp_path, capsys):
     out = tmp_path / "model"
     assert_refused(capsys, ["convert", "universal-transformer", str(tmp_path / "nowhere"), str(out)],
                    "nowhere does not exist", out)
 
 
+@pytest.mark.slow
 def test_conversion_script(fixture_dir, repo_root, tmp_path, monkeypatch, capsys):
     """conversion/convert_universal_transformer_original_checkpoint.py is `hf-ext convert universal-transformer`."""
     script = repo_root / "conversion" / "convert_universal_transformer_original_checkpoint.py"

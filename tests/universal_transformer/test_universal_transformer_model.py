@@ -233,6 +233,7 @@ def test_ponder_cost_reaches_the_halting_unit_with_its_gradient():
     torch.testing.assert_close(grad_ponder, ((costs[0] - costs[1]) / (2 * epsilon)).reshape(1), rtol=1e-5, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_training_on_the_ponder_cost_shortens_the_computation():
     model = build(UniversalTransformerForSequenceClassification, tiny_config(num_labels=2, act_loss_weight=1.0),
                   (0.1, -1.0)).train()
@@ -283,6 +284,7 @@ def test_seq2seq_padding_and_loss():
     torch.testing.assert_close(padded.loss, expected + 0.01 * (padded.encoder_ponder_cost + padded.decoder_ponder_cost))
 
 
+@pytest.mark.slow
 def test_generate_equals_a_greedy_loop_over_the_whole_prefix():
     model = seq2seq_model()
     source = torch.randint(2, 30, (3, 6), generator=torch.Generator().manual_seed(8))
