@@ -60,3 +60,11 @@ def hub_token(text: str) -> str:
                                          "from a file?); it is not shown here. Set HF_TOKEN or run `hf auth login` "
                                          "instead")
     return text
+
+
+def sentence(text: str) -> str:
+    """A sentence to encode, refused when it is empty or only whitespace: there would be nothing to encode, and the
+    decoder would still "reconstruct" something from the prior's neighbourhood."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty sentence")
+    return text

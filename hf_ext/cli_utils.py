@@ -14,10 +14,14 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from .errors import HfExtError, one_line, redact, remote_code_refusal
+
+if TYPE_CHECKING:
+    from .registration import ModelEntry
 
 
 class Parser(argparse.ArgumentParser):
@@ -38,10 +42,41 @@ def model_commands(commands: argparse._SubParsersAction, name: str, help_text: s
     return group.add_subparsers(dest="tool", required=True, metavar="TOOL")
 
 
+def original_checkpoint_of(path: Path) -> "ModelEntry | None":
+    """The model whose converter reads `path` (its conversion module's `looks_original`), or None."""
+    from .models import MODELS
+
+    return next((entry for entry in MODELS if entry.module(entry.conversion).looks_original(path)), None)
+
+
+def model_source(text: str) -> str:
+    """A MODEL argument: a folder when one of that name exists, else a Hub repo id. A name that can only be a path
+    (`./m`, `/m`, `~/m`, `a/b/c`, `m/`) and names no folder is refused at once, before the Hub is asked; so are a file
+    and an original checkpoint that a converter reads (with the command that converts it)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    path = Path(text).expanduser()
+    if path.exists():
+        original = original_checkpoint_of(path)
+        if original is not None:
+            raise argparse.ArgumentTypeError(f"{text} looks like an original {original.display_name} checkpoint, "
+                                             f"not a model folder: convert it first (hf-ext convert "
+                                             f"{original.module(original.conversion).CONVERT_NAME} {text} OUT)")
+        if path.is_dir():
+            return text
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a model folder")
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        raise argparse.ArgumentTypeError(f"no folder named {text}") from None
+    return text
+
+
 def add_model_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
-    """The positional MODEL (a folder or Hub repo id) and `--trust-remote-code`, as every command that loads a model
-    takes them."""
-    parser.add_argument("model", help=help_text)
+    """The positional MODEL (a folder or Hub repo id, `model_source`) and `--trust-remote-code`, as every command that
+    loads a model takes them."""
+    parser.add_argument("model", type=model_source, help=help_text)
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
 
 

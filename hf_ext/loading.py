@@ -3,6 +3,7 @@ failures (missing or unreadable files, corrupt weights, invalid configs) into on
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import HfExtError, one_line
@@ -34,7 +35,9 @@ def load_config(source: str, expected_type: str | None = None, description: str 
     what to do instead). Checked before any weights are read."""
     from transformers import AutoConfig
 
-    with loading("a model config", source):
+    # a name that is no folder was taken for a Hub repo id: say so, lest a typo read as a network failure
+    where = source if Path(source).expanduser().is_dir() else f"{source} (no folder of that name; as a Hub repo id)"
+    with loading("a model config", where):
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     if expected_type is not None and config.model_type != expected_type:
         raise HfExtError(f"{source} holds a {config.model_type!r} model, not {description or expected_type}{hint}")

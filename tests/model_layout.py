@@ -189,9 +189,9 @@ def entry_problems(entry: ModelEntry, package: object, conversion_dir: Path, car
                  for name in entry.top_level if not hasattr(package, name)]
     conversion = entry.module(entry.conversion)
     if not (conversion.CONVERT_NAME and conversion.CONVERT_SUMMARY and callable(conversion.add_arguments)
-            and callable(conversion.run)):
-        problems.append(f"{entry.name}: its conversion module lacks CONVERT_NAME, CONVERT_SUMMARY, add_arguments "
-                        "or run")
+            and callable(conversion.run) and callable(getattr(conversion, "looks_original", None))):
+        problems.append(f"{entry.name}: its conversion module lacks CONVERT_NAME, CONVERT_SUMMARY, add_arguments, "
+                        "run or looks_original")
     if entry.commands is not None and not callable(entry.module(entry.commands).register):
         problems.append(f"{entry.name}: its commands module has no register(commands)")
     if entry.app is not None:

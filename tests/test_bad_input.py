@@ -25,13 +25,14 @@ from bad_input import (
     link_to_a_key,
     run,
     table_problems,
+    written,
 )
 from conftest import PROCESS_TIMEOUT, model_test_modules
 
 from hf_ext.errors import HfExtError
 from hf_ext.output import atomic_output_dir
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 MODEL_CASES = model_test_modules("bad_input")
 
 
@@ -65,6 +66,15 @@ OUTPUT_CASES = {
                                       os.fsdecode(bytes(tmp / "out") + b"\xff")], 2, "not valid UTF-8"),
 }
 
+# ----- a MODEL argument that names no folder (hf_ext.cli_utils.model_source) ------------------------------------
+
+PATH_CASES = {
+    "a path that names no folder": (lambda tmp: ["export", "onnx", tmp / "nothing", tmp / "out"], 2,
+                                    "argument model: no folder named"),
+    "a file given as the model": (lambda tmp: ["export", "onnx", written(tmp / "model.txt", "x"), tmp / "out"], 2,
+                                  "model.txt is a file, not a model folder"),
+}
+
 # ----- security (docs/security.md): remote code, what push publishes, tokens -------------------------------------
 
 SECURITY_CASES = {
@@ -90,7 +100,8 @@ SECURITY_CASES = {
 
 CASES = [pytest.param(build, code, message, id=f"{group}: {name}")
          for group, cases in [*((module.__name__.removeprefix("bad_input_"), module.CONVERSION_CASES)
-                                for module in MODEL_CASES), ("output", OUTPUT_CASES), ("security", SECURITY_CASES)]
+                                for module in MODEL_CASES), ("output", OUTPUT_CASES), ("path", PATH_CASES),
+                                ("security", SECURITY_CASES)]
          for name, (build, code, message) in cases.items()]
 COMMAND_CASES = [pytest.param(build, code, message, module.COMMAND_FOLDER,
                               id=f"{module.__name__.removeprefix('bad_input_')}: {name}")

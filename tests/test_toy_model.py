@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from bad_input import table_problems
-from conftest import model_test_modules
+from conftest import cli_exit_code, model_test_modules
 from model_layout import (
     code_names,
     conversion_script,
@@ -105,6 +105,10 @@ TOY_FILES = {
             parser.add_argument("src")
             parser.add_argument("out")
             add_output_arguments(parser)
+
+
+        def looks_original(path):
+            return path.is_file() and path.suffix == ".json"
 
 
         def run(args):
@@ -212,6 +216,9 @@ def test_the_toy_gets_its_converter_and_command_group(toy, tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[-1] == "5"
     assert main(["convert", "toy", str(tmp_path / "missing.json"), str(tmp_path / "other")]) == 1
     assert capsys.readouterr().err == f"hf-ext: error: toy checkpoint {tmp_path / 'missing.json'} does not exist\n"
+    # the original given where a model folder belongs: its converter is named
+    assert cli_exit_code(["toy", "hidden-size", tmp_path / "original.json"]) == 2
+    assert f"{tmp_path / 'original.json'} looks like an original" in capsys.readouterr().err
 
 
 def test_the_toy_has_an_app_and_a_lora_plan(toy):

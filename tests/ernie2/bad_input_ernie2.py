@@ -109,6 +109,8 @@ def export_linking_out(tmp, folder):
 COMMAND_FOLDER = "ernie_converted_folder"
 
 COMMAND_CASES = {
+    "ernie export of an unconverted release": (lambda tmp, folder: ["ernie2", "export", ERNIE_STATIC, tmp / "out"],
+                                               2, "looks like an original ERNIE 2.0 checkpoint, not a model folder"),
     "ernie finetune of a folder with zero heads": (lambda tmp, folder: [
         "ernie2", "finetune", damaged_copy(folder, tmp, lambda f: edit_json(f / "config.json",
                                                                             num_attention_heads=0)),
@@ -119,7 +121,7 @@ COMMAND_CASES = {
         "--documents", written(tmp / "docs.txt", "A sentence.\nAnother one.\n"), "--output-dir", tmp / "out"], 1,
         "hidden_size"),
     "ernie export of a missing folder": (lambda tmp, folder: ["ernie2", "export", tmp / "nothing", tmp / "out"],
-                                         1, "cannot load a model config"),
+                                         2, "argument model: no folder named"),
     "ernie finetune of a folder with its own code": (lambda tmp, folder: [
         "ernie2", "finetune", foreign_code(tmp), "--task", "MRPC", "--train-file", GLUE / "MRPC" / "train.tsv",
         "--output-dir", tmp / "out"], 1, "only with --trust-remote-code"),

@@ -88,6 +88,9 @@ CONVERSION_CASES = {
 COMMAND_FOLDER = "mtdnn_sample_folder"
 
 COMMAND_CASES = {
+    "mtdnn train from an unconverted checkpoint": (lambda tmp, folder: [
+        "mtdnn", "train", MTDNN / "model_0.pt", "--train", "a=b.tsv", "--output-dir", tmp / "out"], 2,
+        "looks like an original MT-DNN checkpoint, not a model folder: convert it first (hf-ext convert mtdnn"),
     "mtdnn train with a bad warmup": (lambda tmp, folder: ["mtdnn", "train", folder, "--train", "a=b.tsv",
                                                            "--output-dir", tmp / "out", "--warmup", "2"], 2,
                                       "argument --warmup: must be in [0, 1)"),

@@ -115,6 +115,9 @@ CONVERSION_CASES = {
 COMMAND_FOLDER = "optimus_sample_folder"
 
 COMMAND_CASES = {
+    "reconstruct with an unconverted output folder": (
+        lambda tmp, folder: ["optimus", "reconstruct", OPTIMUS, "a dog runs ."], 2,
+        "looks like an original Optimus checkpoint, not a model folder: convert it first (hf-ext convert optimus"),
     "top-p above 1": (lambda tmp, folder: ["optimus", "sample", folder, "--sample", "--top-p", "2"], 2,
                       "--top-p: must be in (0, 1]"),
     "zero temperature": (lambda tmp, folder: ["optimus", "sample", folder, "--sample", "--temperature", "0"], 2,
@@ -124,6 +127,11 @@ COMMAND_CASES = {
         "exceeds what the decoder's 64 positions allow"),
     "zero samples": (lambda tmp, folder: ["optimus", "sample", folder, "--num", "0"], 2,
                      "argument --num: must be at least 1"),
+    "sampling options without --sample": (lambda tmp, folder: ["optimus", "sample", folder, "--top-k", "5",
+                                                                "--temperature", "2"], 1,
+                                          "--top-k, --temperature apply only with --sample"),
+    "an empty sentence": (lambda tmp, folder: ["optimus", "reconstruct", folder, "a dog runs .", "  "], 2,
+                          "argument texts: an empty sentence"),
     "infinite beta": (lambda tmp, folder: ["optimus", "train", folder, "--train-file", tmp / "t.txt",
                                            "--output-dir", tmp / "out", "--beta", "inf"], 2,
                       "--beta: expected a finite"),

@@ -10,6 +10,8 @@ from hf_ext.cli import build_parser, main
 from hf_ext.models.optimus.conversion import convert_optimus_checkpoint
 from hf_ext.models.optimus.samples import write_sample_checkpoint
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
@@ -69,7 +71,9 @@ def test_reconstruct_interpolate_analogy_sample(converted, capsys, no_network):
 @pytest.mark.parametrize("argv, message", [
     (["optimus", "interpolate", "{folder}", "a", "b", "--steps", "1"], "argument --steps: must be at least 2"),
     (["optimus", "sample", "{folder}", "--num", "0"], "argument --num: must be at least 1"),
-    (["optimus", "reconstruct", "{missing}", "a"], "cannot load a model config from"),
+    (["optimus", "sample", "{folder}", "--top-p", "0.5"], "--top-p applies only with --sample"),
+    (["optimus", "interpolate", "{folder}", "a dog runs .", ""], "argument end: an empty sentence"),
+    (["optimus", "reconstruct", "{missing}", "a"], "argument model: no folder named"),
 ])
 def test_bad_arguments_give_one_line(converted, tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -67,6 +67,9 @@ CONVERSION_CASES = {
 COMMAND_FOLDER = "algorithmic_seq2seq_folder"
 
 COMMAND_CASES = {
+    "halting map of an unconverted checkpoint": (lambda tmp, folder: [
+        "universal-transformer", "halting-map", UT, "1", tmp / "out.png"], 2,
+        "looks like an original Universal Transformer checkpoint, not a model folder: convert it first"),
     "halting map of a huge input": (lambda tmp, folder: ["universal-transformer", "halting-map", folder, "1" * 5000,
                                                          tmp / "out.png"], 1, "a halting map takes at most 512"),
     "halting map of a folder with its own code": (lambda tmp, folder: [

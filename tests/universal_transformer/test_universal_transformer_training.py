@@ -36,7 +36,7 @@ from hf_ext.models.universal_transformer.training import (
     vanilla_transformer,
 )
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -483,7 +483,6 @@ def test_cli_halting_map_refuses_bad_input(cli_model, tmp_path, capsys):
         ([str(cli_model), "1x", str(tmp_path / "a.png")], "cannot tokenize '1x'"),
         ([str(no_act), "12", str(tmp_path / "b.png")], "ACT switched off"),
         ([str(no_tokenizer), "12", str(tmp_path / "c.png")], "has no usable tokenizer"),
-        ([str(tmp_path / "missing"), "12", str(tmp_path / "d.png")], "cannot load a model"),
         ([str(cli_model), "12", str(tmp_path / "nowhere" / "e.png")], "does not exist"),
     ]
     for arguments, message in cases:
@@ -491,6 +490,9 @@ def test_cli_halting_map_refuses_bad_input(cli_model, tmp_path, capsys):
         assert main(["universal-transformer", "halting-map", *arguments]) == 1
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("hf-ext: error:") and message in lines[0], lines
+    # a path that names no folder is a usage error, found before any model is loaded
+    assert cli_exit_code(["universal-transformer", "halting-map", tmp_path / "missing", "12", tmp_path / "d.png"]) == 2
+    assert "argument model: no folder named" in capsys.readouterr().err
     assert not list(tmp_path.glob("*.png"))
 
 

@@ -256,6 +256,15 @@ class ErnieSource:
         return "Paddle static-graph release" if self.format == "static" else "PaddleNLP"
 
 
+def looks_original(path: Path) -> bool:
+    """Whether `path` is laid out as a PaddlePaddle checkpoint, by its file names (what `find_source` reads): a
+    static release (params/ and ernie_config.json), a PaddleNLP folder (a .pdparams file) or its .pdparams file."""
+    if path.is_file():
+        return path.suffix == ".pdparams"
+    return path.is_dir() and (((path / "params").is_dir() and (path / STATIC_CONFIG).is_file())
+                              or any(path.glob("*.pdparams")))
+
+
 def find_source(src: str | Path, vocab: str | Path | None = None) -> ErnieSource:
     """Resolve SRC (a release folder, a PaddleNLP folder or its .pdparams file) to the files to read."""
     src = Path(src)

@@ -183,6 +183,12 @@ def original_globals() -> list[tuple[object, str]]:
             (OriginalVocabulary, "data_utils.vocab.Vocabulary")]
 
 
+def looks_original(path: Path) -> bool:
+    """Whether `path` may be what the original's `MTDNNModel.save` writes, by its name: a .pt file (what it holds is
+    checked when it is read)."""
+    return path.is_file() and path.suffix == ".pt"
+
+
 def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The original checkpoint's `(state, opt)`, read without executing anything."""
     logger.info(f"reading {path}")

@@ -6,7 +6,15 @@ import json
 
 import torch
 
-from ...arguments import fraction, nonnegative_float, number_in, positive_float, positive_int, probability
+from ...arguments import (
+    fraction,
+    nonnegative_float,
+    number_in,
+    positive_float,
+    positive_int,
+    probability,
+    sentence,
+)
 from ...cli_utils import add_model_argument, model_commands
 from ...errors import require
 from . import conversion
@@ -27,27 +35,28 @@ def register(commands: argparse._SubParsersAction) -> None:
         parser.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens to generate (default 32)")
         parser.add_argument("--num-beams", type=positive_int, default=1, help="beam search width (default 1: greedy)")
         parser.add_argument("--sample", action="store_true", help="sample instead of greedy/beam decoding")
-        parser.add_argument("--top-k", type=number_in(int, 0), default=0, help="top-k sampling (with --sample)")
-        parser.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling (with --sample)")
-        parser.add_argument("--temperature", type=positive_float, default=1.0,
-                            help="sampling temperature (with --sample)")
+        # no defaults here: a sampling option given without --sample is refused, not silently ignored
+        parser.add_argument("--top-k", type=number_in(int, 0), help="top-k sampling (with --sample; default 0: off)")
+        parser.add_argument("--top-p", type=probability, help="nucleus sampling (with --sample; default 1.0: off)")
+        parser.add_argument("--temperature", type=positive_float,
+                            help="sampling temperature (with --sample; default 1.0)")
         parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
         parser.set_defaults(handler=lambda args: handler(args, _latent_space(args)))
         return parser
 
     tool("encode", "print each sentence's posterior mean and log-variance as JSON", _encode).add_argument(
-        "texts", nargs="+", help="sentences")
+        "texts", nargs="+", type=sentence, help="sentences")
     tool("reconstruct", "encode sentences and decode them from their posterior means", _reconstruct).add_argument(
-        "texts", nargs="+", help="sentences")
+        "texts", nargs="+", type=sentence, help="sentences")
     tool("sample", "decode latents drawn from the prior", _sample).add_argument(
         "--num", type=positive_int, default=5, help="how many sentences (default 5)")
     parser = tool("interpolate", "decode points on the line between two sentences' latents", _interpolate)
-    parser.add_argument("start", help="first sentence")
-    parser.add_argument("end", help="last sentence")
+    parser.add_argument("start", type=sentence, help="first sentence")
+    parser.add_argument("end", type=sentence, help="last sentence")
     parser.add_argument("--steps", type=number_in(int, 2), default=5, help="points including both ends (default 5)")
     parser = tool("analogy", "a : b :: c : ? in latent space (z_c + (z_b - z_a) * degree)", _analogy)
     for name in ("a", "b", "c"):
-        parser.add_argument(name, help=f"sentence {name}")
+        parser.add_argument(name, type=sentence, help=f"sentence {name}")
     parser.add_argument("--degree", type=float, default=1.0, help="how far to move (default 1.0)")
     _register_training_tools(tools)
     add_demo_command(tools)
@@ -58,10 +67,14 @@ def _latent_space(args):
     from ...errors import HfExtError
     from . import OptimusLatentSpace
 
+    sampling = {"top_k": (args.top_k, 0), "top_p": (args.top_p, 1.0), "temperature": (args.temperature, 1.0)}
+    given = [f"--{name.replace('_', '-')}" for name, (value, _) in sampling.items() if value is not None]
+    require(args.sample or not given, f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only with "
+            "--sample")
     torch.manual_seed(args.seed)
     generation = {"max_new_tokens": args.max_new_tokens, "num_beams": args.num_beams, "do_sample": args.sample}
     if args.sample:
-        generation.update(top_k=args.top_k, top_p=args.top_p, temperature=args.temperature)
+        generation.update({name: default if value is None else value for name, (value, default) in sampling.items()})
     model, processor = _load_optimus(args)
     try:
         return OptimusLatentSpace(model, processor, **generation)

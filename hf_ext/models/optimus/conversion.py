@@ -92,6 +92,16 @@ def _step_folders(root, kind):
     return found
 
 
+def looks_original(path: Path) -> bool:
+    """Whether `path` is laid out as the original's output, by its file names (what `find_source` reads):
+    checkpoint-encoder-N/ and checkpoint-decoder-N/ or checkpoint-full-N/ folders, one checkpoint-full-N folder, or
+    its training.bin."""
+    if path.is_file():
+        return path.name == "training.bin"
+    return path.is_dir() and ((path / "training.bin").is_file() or bool(_step_folders(path, "full"))
+                              or bool(set(_step_folders(path, "encoder")) & set(_step_folders(path, "decoder"))))
+
+
 def find_source(src: str | Path | None = None, encoder_dir: str | Path | None = None,
                 decoder_dir: str | Path | None = None, step: int | None = None) -> OptimusSource:
     """Resolve SRC (or the two explicit folders) to the original files."""

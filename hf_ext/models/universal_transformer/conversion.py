@@ -76,6 +76,12 @@ FINAL_NORM_KEYS = {"transformer_enc.layer_norm.gamma": ENCODER_PREFIX + "final_l
 BABI_MASK_KEY = "mask"  # bAbI's positional mask for bag-of-words sentence embeddings: input preparation
 
 
+def looks_original(path: Path) -> bool:
+    """Whether `path` is laid out as a folder of the re-implementation's model, by its file names: its state dict
+    (state_dict.pt) beside its constructor arguments (config.json)."""
+    return path.is_dir() and (path / WEIGHTS_FILE).is_file() and (path / CONFIG_FILE).is_file()
+
+
 def read_arguments(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """The constructor arguments and overrides from SRC/config.json, checked."""
     document = read_json(path, "constructor arguments")
