@@ -1,4 +1,4 @@
-"""Export to ONNX and check on ONNX Runtime (the `[onnx]` extra: `pip install 'hf-ext[onnx]'`).
+"""Export to ONNX and check on ONNX Runtime (the `onnx` extra, docs/install.md).
 
 Each model package that can be exported has an `export_onnx` module declaring the model types it exports
 (`MODEL_TYPES`), the tasks a config offers (`tasks(config)`, the first being the default) and
@@ -30,6 +30,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.utils import logging
 
 from .errors import HfExtError
+from .extras import install_command
 from .hub import card_data, checked_link_target, link_roots, model_name, write_model_card
 from .loading import load_config, loading
 from .models import modules_by_model_type
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 
 logger = logging.get_logger(__name__)
 
-EXTRA_HINT = "pip install 'hf-ext[onnx]'"
 REPORT_NAME = "onnx_export.json"
 FLOAT_TOLERANCE = 1e-4  # ONNX Runtime against PyTorch, float32 graphs
 QUANTIZATIONS = ("int8",)
@@ -91,7 +91,7 @@ def require_onnx() -> None:
     """One clear error when the `[onnx]` extra is missing."""
     missing = [name for name in ("onnx", "onnxruntime", "onnxscript") if importlib.util.find_spec(name) is None]
     if missing:
-        raise HfExtError(f"ONNX export needs {', '.join(missing)}: {EXTRA_HINT}")
+        raise HfExtError(f"ONNX export needs {', '.join(missing)}: {install_command('onnx')}")
 
 
 def exporters() -> dict[str, ModuleType]:

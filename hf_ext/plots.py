@@ -1,9 +1,10 @@
-"""What every figure of hf-ext shares. matplotlib is optional (`pip install hf-ext[plots]`); figures are drawn on the
+"""What every figure of hf-ext shares. matplotlib is optional (the `plots` extra); figures are drawn on the
 Agg canvas, so no display is needed and the global pyplot backend is left alone."""
 
 from typing import TYPE_CHECKING
 
 from .errors import HfExtError
+from .extras import install_command
 
 if TYPE_CHECKING:  # matplotlib is optional
     from matplotlib.figure import Figure
@@ -16,7 +17,7 @@ def require_matplotlib() -> tuple[type, type]:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise HfExtError("plots need matplotlib (pip install 'hf-ext[plots]')") from None
+        raise HfExtError(f"plots need matplotlib: {install_command('plots')}") from None
     return Figure, FigureCanvasAgg
 
 

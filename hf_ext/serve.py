@@ -5,7 +5,7 @@ The apps live with their models: `hf_ext/models/<m>/app.py`, with the model type
 through `MODELS`, the limits on what a request may hold, turning failures into one message in the page (`gr.Error`)
 and launching on a local address with nothing sent anywhere else: no run history, no uploads, no URL fetched for a
 client, no request from another web origin, and Gradio's temporary files in a private folder removed at the end.
-Gradio is optional (`pip install 'hf-ext[app]'`).
+Gradio is optional (the `app` extra).
 """
 
 import argparse
@@ -30,6 +30,7 @@ from transformers.utils import logging
 from .arguments import number_in
 from .cli_utils import add_model_argument
 from .errors import HfExtError, one_line
+from .extras import install_command
 from .loading import load_config
 from .models import MODELS, modules_by_model_type
 
@@ -38,7 +39,6 @@ if TYPE_CHECKING:  # gradio is optional
 
 logger = logging.get_logger(__name__)
 
-APP_EXTRA = "hf-ext serve needs the app extra: pip install 'hf-ext[app]'"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
 # what one request may carry: a text box holds a sentence or two, a request a few of them
@@ -61,7 +61,7 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
         "serve", help=f"explore a model in the browser ({', '.join(entry.display_name for entry in served)})",
         description="Start the model's app in the browser, chosen by its model type: "
         f"{', '.join(entry.app_summary or entry.display_name for entry in served)}. Each function is also served "
-        "by name through Gradio's API (gradio_client). Needs the app extra: pip install 'hf-ext[app]'.")
+        "by name through Gradio's API (gradio_client). Needs the app extra (docs/install.md).")
     add_model_argument(parser, "model folder or Hub repo id (offline when HF_HUB_OFFLINE=1)")
     parser.add_argument("--host", default=DEFAULT_HOST,
                         help=f"address to listen on (default {DEFAULT_HOST}: this machine only; 0.0.0.0 opens the "
@@ -77,7 +77,7 @@ def require_gradio() -> ModuleType:
     try:
         import gradio
     except ImportError:
-        raise HfExtError(APP_EXTRA) from None
+        raise HfExtError(f"hf-ext serve needs the app extra: {install_command('app')}") from None
     return gradio
 
 
@@ -279,6 +279,6 @@ def _run_serve(args: argparse.Namespace) -> None:
             app.close()
 
 
-__all__ = ["APP_EXTRA", "MAX_REQUEST_BYTES", "MAX_TEXT_CHARS", "ServedRequests", "add_serve_command", "app_module",
+__all__ = ["MAX_REQUEST_BYTES", "MAX_TEXT_CHARS", "ServedRequests", "add_serve_command", "app_module",
            "apps", "build_app", "checked_float", "checked_int", "checked_text", "launch", "private_gradio_cache",
            "require_gradio", "user_errors"]

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 import transformers
 
+from hf_ext.extras import install_command
+
 
 def reproduction_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,6 +75,6 @@ def plotting(args: argparse.Namespace):
         matplotlib.use("Agg")
         from matplotlib import pyplot
     except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install 'hf-ext[plots]'") from None
+        raise SystemExit(f"--plot needs matplotlib: {install_command('plots')}") from None
     args.plot.parent.mkdir(parents=True, exist_ok=True)
     return pyplot

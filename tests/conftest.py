@@ -140,19 +140,23 @@ def cli_exit_code(argv: list) -> int:
 
 
 def require_extra(extra: str, *modules: str) -> None:
-    """At the top of a test module for an optional extra (`pip install 'hf-ext[EXTRA]'`), or in a test or fixture:
-    a dependency that is missing when one of `modules` cannot be imported (see `missing_dependency`)."""
+    """At the top of a test module for an optional extra (`hf_ext.extras.install_command(EXTRA)` installs it), or
+    in a test or fixture: a dependency that is missing when one of `modules` cannot be imported (see
+    `missing_dependency`)."""
     import importlib.util
+
+    from hf_ext.extras import install_command
 
     missing = [name for name in modules if importlib.util.find_spec(name) is None]
     if missing:
         missing_dependency(f"this test needs the {extra} extra (missing {', '.join(missing)}): "
-                           f"pip install 'hf-ext[{extra}]'")
+                           f"{install_command(extra)}")
 
 
 def missing_dependency(reason: str) -> NoReturn:
     """The one rule for a test whose dependency is not installed: it is skipped with `reason`, except under CI
-    (CI=true, which `.ci/run` sets), where every extra and Debian's chromium are installed and the test fails
+    (CI=true, which `.ci/run` sets), where every extra is installed (and Debian's chromium, for the slow browser
+    test, must be) and the test fails
     instead, so that no test can silently stop running there. Skips for any other reason (a check that does not
     apply) are not this rule's."""
     import os

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT, missing_dependency, require_extra
 
+from hf_ext.extras import install_command
+
 ABSENT_MODULE = "hf_ext_test_module_that_does_not_exist"
 # a skip that would hide a missing module from CI: pytest's importorskip, or a skipif on a module lookup
 OWN_DEPENDENCY_SKIP = re.compile(r"\bimportorskip\(|\bskipif\([^)]*(?:find_spec|import)")
@@ -32,7 +34,7 @@ def test_a_missing_extra_is_skipped_with_its_install_command_elsewhere(monkeypat
         monkeypatch.delenv("CI", raising=False)
     else:
         monkeypatch.setenv("CI", ci)
-    reason = f"(missing {ABSENT_MODULE}): pip install 'hf-ext[test]'"
+    reason = f"(missing {ABSENT_MODULE}): {install_command('test')}"
     with pytest.raises(pytest.skip.Exception, match=re.escape(reason)):
         require_extra("test", ABSENT_MODULE)
 
@@ -54,7 +56,7 @@ def test_a_missing_program_follows_the_same_rule(monkeypatch):
 def test_ci_run_sets_ci_before_the_suites():
     script = (REPO_ROOT / ".ci" / "run").read_text(encoding="utf-8")
     exported = re.search(r"^export CI=true$", script, re.MULTILINE)
-    first_suite = re.search(r"^suite ", script, re.MULTILINE)
+    first_suite = re.search(r"^python -m pytest ", script, re.MULTILINE)
     assert exported and first_suite and exported.start() < first_suite.start()
 
 

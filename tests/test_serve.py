@@ -13,7 +13,10 @@ from conftest import PROCESS_TIMEOUT, REPO_ROOT, cli_exit_code, free_port, local
 from hf_ext import serve
 from hf_ext.cli import build_parser
 from hf_ext.errors import HfExtError
+from hf_ext.extras import install_command
 from hf_ext.models import MODELS
+
+pytestmark = pytest.mark.slow
 
 SERVED = [entry for entry in MODELS if entry.app is not None]  # the models whose entry names an app
 NOT_SERVED = [entry.model_type for entry in MODELS if entry.app is None]
@@ -35,7 +38,7 @@ def test_the_apps_are_found_by_model_type():
 def test_serve_without_gradio_is_one_line(mtdnn_sample_folder, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "gradio", None)  # what `import gradio` meets when it is not installed
     assert cli_exit_code(["serve", mtdnn_sample_folder]) == 1
-    assert capsys.readouterr().err == "hf-ext: error: hf-ext serve needs the app extra: pip install 'hf-ext[app]'\n"
+    assert capsys.readouterr().err == f"hf-ext: error: hf-ext serve needs the app extra: {install_command('app')}\n"
 
 
 def test_a_folder_without_a_model_is_one_line(tmp_path, capsys):

@@ -1,7 +1,7 @@
 """Figures of an Optimus run: training curves from `trainer.state.log_history`, a map of the latent space (posterior
 means on their principal axes, with an interpolation path) and an interpolation table.
 
-matplotlib is optional (`pip install hf-ext[plots]`); see `hf_ext.plots`.
+matplotlib is optional (the `plots` extra); see `hf_ext.plots`.
 """
 
 from collections.abc import Iterable, Sequence
