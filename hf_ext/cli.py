@@ -8,6 +8,7 @@ line on stderr and a non-zero exit; set HF_EXT_DEBUG=1 for the traceback.
 
 import sys
 
+from . import __version__
 from .arguments import TOKEN_HELP, hub_token
 from .cli_utils import Parser, add_converter, add_model_argument, checked_argv, execute
 from .models import MODELS
@@ -16,6 +17,12 @@ from .serve import add_serve_command
 
 def build_parser(prog: str = "hf-ext") -> Parser:
     parser = Parser(prog=prog, description="Research models as Hugging Face transformers models.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1, default=0,
+                          help="also show transformers' own warnings")
+    loudness.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1,
+                          help="show only warnings and errors, no progress lines")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     convert = commands.add_parser("convert", help="convert an original checkpoint into a transformers folder",

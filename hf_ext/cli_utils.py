@@ -157,7 +157,7 @@ def execute(args: argparse.Namespace, prog: str) -> int:
     1 for anything raised (HF_EXT_DEBUG=1 re-raises it for the traceback), 130 for Ctrl-C, 143 for SIGTERM."""
     from .hub import hub_offline
 
-    _quiet_libraries()
+    configure_logging(getattr(args, "verbosity", 0))
     try:
         with terminate_as_exception(), contextlib.nullcontext() if needs_the_hub(args) else hub_offline():
             args.handler(args)
@@ -180,16 +180,21 @@ def _fail(prog, message, code=1):
     return code
 
 
-def _quiet_libraries():
-    """transformers' notices off (a command reports what matters itself); hf-ext's own log lines on stderr."""
+def configure_logging(verbosity: int = 0) -> None:
+    """hf-ext's own log lines on stderr: progress and warnings (0), warnings only (-1, `--quiet`). transformers'
+    notices are off (a command reports what matters itself) unless TRANSFORMERS_VERBOSITY sets their level or
+    `--verbose` (1) asks for its warnings."""
     from transformers.utils import logging
 
-    logging.set_verbosity_error()
+    if verbosity > 0:
+        logging.set_verbosity_warning()
+    elif not os.environ.get("TRANSFORMERS_VERBOSITY"):
+        logging.set_verbosity_error()
     logging.disable_progress_bar()
     hf_ext_logger = logging.get_logger("hf_ext")
     if not any(isinstance(handler, StderrLines) for handler in hf_ext_logger.handlers):
         hf_ext_logger.addHandler(StderrLines())
-    hf_ext_logger.setLevel(pylogging.INFO)
+    hf_ext_logger.setLevel(pylogging.WARNING if verbosity < 0 else pylogging.INFO)
     hf_ext_logger.propagate = False
 
 

@@ -133,3 +133,14 @@ def test_the_reliability_page_states_every_converters_tolerances():
     section = page[page.index("## Parity with a reference"):page.index("## Atomic outputs")]
     table = [line for line in section.splitlines() if line.startswith("| `")]
     assert table == stated_rows()
+
+
+def test_progress_lines_name_the_output_not_its_staging_folder(tmp_path, capsys):
+    """A conversion is written into a hidden staging folder beside OUT and renamed into place: its progress on stderr
+    names the source and OUT, never the staging folder (the smallest fixture, the Universal Transformer's)."""
+    from conftest import FIXTURES, cli_exit_code
+
+    out = tmp_path / "converted"
+    assert cli_exit_code(["convert", "universal-transformer", FIXTURES / "universal_transformer" / "tiny", out]) == 0
+    err = capsys.readouterr().err
+    assert f"wrote {out}" in err and ".partial-" not in err and f"{tmp_path}/." not in err, err

@@ -636,7 +636,7 @@ def convert_ernie2_checkpoint(src: str | Path, out: str | Path, *, vocab: str | 
     for note in weights.notes:
         logger.info(f"note: {note}")
     with atomic_output_dir(out, overwrite) as staging:
-        logger.info(f"writing {len(weights.state)} tensors to {staging}")
+        logger.info(f"writing {len(weights.state)} tensors")
         write_model_folder(staging, ErnieForPreTraining, config, weights.state, processor=tokenizer,
                            source=str(source.weights_path))
         parity = []

@@ -449,7 +449,7 @@ def convert_mtdnn_checkpoint(checkpoint: str | Path, out: str | Path, *, task_de
     if processor is None:
         notes.append(f"no tokenizer in the folder: use the one of {opt.get('bert_model_type', 'the BERT encoder')}")
     with atomic_output_dir(out, overwrite) as staging:
-        logger.info(f"writing {len(weights)} tensors to {staging}")
+        logger.info(f"writing {len(weights)} tensors")
         write_model_folder(staging, MTDNNModel, config, weights, ENTRY.auto_map, processor=processor,
                            source=str(checkpoint))
         logger.info("checking the written folder")

@@ -367,7 +367,7 @@ def convert(original: OptimusOriginal, staging: Path, processor: OptimusProcesso
                          f"the decoder weights {config.decoder.vocab_size}")
     state = convert_state_dict(original.encoder_state, original.decoder_state)
     source = str(original.source.full_checkpoint or original.source.encoder_dir.parent)
-    logger.info(f"writing {len(state)} tensors to {staging}")
+    logger.info(f"writing {len(state)} tensors")
     write_model_folder(staging, OptimusModel, config, state, ENTRY.auto_map, processor=processor, source=source)
     return config
 

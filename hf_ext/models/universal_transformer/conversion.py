@@ -232,7 +232,7 @@ def convert_universal_transformer_checkpoint(src: str | Path, out: str | Path, *
     notes.append(f"the original's timing signal covers {arguments['max_length']} positions; the converted model "
                  "computes it for any length (equal values within that range)")
     with atomic_output_dir(out, overwrite) as staging:
-        logger.info(f"writing {len(state)} tensors to {staging}")
+        logger.info(f"writing {len(state)} tensors")
         write_model_folder(staging, UniversalTransformerForSequenceClassification, config, state, ENTRY.auto_map,
                            source=str(src / WEIGHTS_FILE))
         logger.info("checking the written folder")
