@@ -169,7 +169,7 @@ def write_slowly(args):
         (staging / "model.safetensors").write_bytes(bytes(1 << 20))
         logging.get_logger("hf_ext.slow_writer").info('{"step": 1, "loss": 2.5}')
         print("ready", flush=True)
-        time.sleep(120)
+        time.sleep(3600)  # until the test signals or kills it (starting another writer can take minutes)
 
 # Ctrl-C as in a foreground shell: a job started in the background inherits SIGINT ignored (CI runners may do that)
 signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -190,7 +190,11 @@ def test_a_signal_during_a_save_removes_the_staging_folder(tmp_path, sent, code,
     process = start_slow_writer(tmp_path / "out")
     assert len(list(tmp_path.glob(".out.partial-*"))) == 1
     process.send_signal(sent)
-    assert process.wait(timeout=PROCESS_TIMEOUT) == code
+    try:
+        assert process.wait(timeout=PROCESS_TIMEOUT) == code
+    except subprocess.TimeoutExpired:  # the signal was ignored: the writer would sleep on
+        process.kill()
+        raise
     lines = process.stderr.read().splitlines()
     assert lines[-2:] == ['{"step": 1, "loss": 2.5}', f"hf-ext: error: {message}"]  # each on a line of its own
     assert list(tmp_path.iterdir()) == []
