@@ -156,9 +156,8 @@ def require_extra(extra: str, *modules: str) -> None:
 def missing_dependency(reason: str) -> NoReturn:
     """The one rule for a test whose dependency is not installed: it is skipped with `reason`, except under CI
     (CI=true, which `.ci/run` sets), where every extra is installed (and Debian's chromium, for the slow browser
-    test, must be) and the test fails
-    instead, so that no test can silently stop running there. Skips for any other reason (a check that does not
-    apply) are not this rule's."""
+    test, must be) and the test fails instead, so that no test can silently stop running there. Skips for any
+    other reason (a check that does not apply) are not this rule's."""
     import os
 
     if os.environ.get("CI", "").lower() == "true":

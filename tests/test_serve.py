@@ -16,8 +16,6 @@ from hf_ext.errors import HfExtError
 from hf_ext.extras import install_command
 from hf_ext.models import MODELS
 
-pytestmark = pytest.mark.slow
-
 SERVED = [entry for entry in MODELS if entry.app is not None]  # the models whose entry names an app
 NOT_SERVED = [entry.model_type for entry in MODELS if entry.app is None]
 # how long a request to a served app may take: a first page load renders the page, seconds on a loaded machine,
@@ -76,6 +74,7 @@ def test_numbers_out_of_range_and_nan_are_refused():
             check(value, "x", 2 if check is serve.checked_int else 0, 16 if check is serve.checked_int else 1)
 
 
+@pytest.mark.slow
 def test_failures_become_one_escaped_message():
     require_extra("app", "gradio")
     import gradio as gr
@@ -126,6 +125,7 @@ def local_network_only(monkeypatch):
     return attempts
 
 
+@pytest.mark.slow
 def test_the_app_reaches_nothing_but_its_own_address(mtdnn_sample_folder, local_network_only):
     """The server's side only: gradio_client itself asks the Hub for request headers unless HF_HUB_OFFLINE=1, so
     the call goes through Gradio's REST API here."""
@@ -152,6 +152,7 @@ def test_the_app_reaches_nothing_but_its_own_address(mtdnn_sample_folder, local_
 TOKEN = "hf_" + "Ab1" * 11 + "Z"  # shaped like a Hub token
 
 
+@pytest.mark.slow
 def test_the_app_serves_no_upload_url_fetch_run_history_or_other_origin(mtdnn_sample_folder, local_network_only,
                                                                        monkeypatch):
     """What `hf-ext serve` exposes besides the app's functions: nothing. On 127.0.0.2, an address Gradio does not
@@ -188,6 +189,7 @@ def test_the_app_serves_no_upload_url_fetch_run_history_or_other_origin(mtdnn_sa
     assert local_network_only == []
 
 
+@pytest.mark.slow
 def test_a_port_in_use_is_one_line(mtdnn_sample_folder):
     import socket
 
