@@ -32,7 +32,7 @@ from conftest import PROCESS_TIMEOUT, model_test_modules
 from hf_ext.errors import HfExtError
 from hf_ext.output import atomic_output_dir
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.usefixtures("one_thread")
 MODEL_CASES = model_test_modules("bad_input")
 
 
@@ -108,6 +108,7 @@ COMMAND_CASES = [pytest.param(build, code, message, module.COMMAND_FOLDER,
                  for module in MODEL_CASES for name, (build, code, message) in module.COMMAND_CASES.items()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build, expected_code, message", CASES)
 def test_bad_conversion_input_gives_one_line_and_writes_nothing(build, expected_code, message, tmp_path, capsys,
                                                                 monkeypatch):
@@ -119,6 +120,7 @@ def test_bad_conversion_input_gives_one_line_and_writes_nothing(build, expected_
     assert TOKEN not in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build, expected_code, message, folder", COMMAND_CASES)
 def test_bad_command_input_gives_one_line_and_writes_nothing(build, expected_code, message, folder, tmp_path,
                                                              capsys, monkeypatch, request):
@@ -186,6 +188,7 @@ def start_slow_writer(out):
 
 @pytest.mark.parametrize("sent, code, message", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
                                                   (signal.SIGINT, 130, "interrupted")])
+@pytest.mark.slow
 def test_a_signal_during_a_save_removes_the_staging_folder(tmp_path, sent, code, message):
     process = start_slow_writer(tmp_path / "out")
     assert len(list(tmp_path.glob(".out.partial-*"))) == 1
@@ -207,6 +210,7 @@ def stop(process):
     process.stderr.close()
 
 
+@pytest.mark.slow
 def test_a_later_run_removes_the_staging_folder_of_a_killed_one_whatever_its_output(tmp_path):
     alive = start_slow_writer(tmp_path / "other")  # a run in progress in the same folder keeps its staging folder
     try:
