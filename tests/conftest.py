@@ -9,6 +9,7 @@ names a model."""
 
 import contextlib
 import importlib
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -43,6 +44,30 @@ def pytest_configure(config):
             config.pluginmanager.register(module, f"hf_ext_tests.{module.__name__}")
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """One intra-op thread for every test of tiny models: the suite's worker processes already take every core, and
+    extra threads only add synchronisation, which costs seconds per step on a busy 2-core machine. The test modules
+    have imported torch by now; the processes that tests start keep torch's default."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
+# a module whose tests are all slow says so once, at its top
+WHOLLY_SLOW_MODULE = re.compile(r"^pytestmark = .*\bpytest\.mark\.slow\b", re.MULTILINE)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under `-m "not slow"` (the README's test command) a module marked slow as a whole is not imported at all:
+    its tests would be deselected anyway, and importing what they need (Trainer, the apps, the exporters) costs
+    minutes of the run on a 2-core machine. Returns None (no opinion) otherwise."""
+    if (collection_path.suffix == ".py" and collection_path.name.startswith("test_")
+            and " ".join(config.getoption("markexpr").split()) == "not slow"
+            and WHOLLY_SLOW_MODULE.search(collection_path.read_text(encoding="utf-8"))):
+        return True
+    return None
+
+
 @pytest.fixture(scope="session")
 def repo_root():
     return REPO_ROOT
@@ -72,18 +97,6 @@ def no_network(monkeypatch):
     monkeypatch.setattr(socket.socket, "connect", refuse)
     yield attempts
     assert attempts == [], f"network requests were made: {attempts}"
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    """One intra-op thread for a module of tiny models: extra threads only add synchronisation, which costs seconds
-    per step on a busy 2-core machine. Use with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def run_script(script, *args, monkeypatch, capsys):
@@ -155,13 +168,14 @@ def require_extra(extra: str, *modules: str) -> None:
 
 def missing_dependency(reason: str) -> NoReturn:
     """The one rule for a test whose dependency is not installed: it is skipped with `reason`, except under CI
-    (CI=true, which `.ci/run` sets), where every extra is installed (and Debian's chromium, for the slow browser
-    test, must be) and the test fails instead, so that no test can silently stop running there. Skips for any
-    other reason (a check that does not apply) are not this rule's."""
+    (CI=true, which `.ci/run` sets), where the test fails instead, so that no test can silently stop running there:
+    `.ci/run` installs the `test` extra, all that the tests not marked slow need, and a run of the slow tests under
+    CI=true needs the `test-slow` extra (and Debian's chromium for the browser test). Skips for any other reason (a
+    check that does not apply) are not this rule's."""
     import os
 
     if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI installs every dependency, but {reason}", pytrace=False)
+        pytest.fail(f"CI=true: a missing dependency fails the test: {reason}", pytrace=False)
     pytest.skip(reason, allow_module_level=True)
 
 
@@ -207,7 +221,7 @@ def local_client(url: str):
     for its request headers and sends it telemetry."""
     from hf_ext.hub import hub_offline
 
-    require_extra("test", "gradio_client")
+    require_extra("test-slow", "gradio_client")
     import gradio_client
 
     with hub_offline():

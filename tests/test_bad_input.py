@@ -32,7 +32,6 @@ from conftest import PROCESS_TIMEOUT, model_test_modules
 from hf_ext.errors import HfExtError
 from hf_ext.output import atomic_output_dir
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 MODEL_CASES = model_test_modules("bad_input")
 
 

@@ -11,7 +11,7 @@ BENCHMARKS = sorted((REPO_ROOT / "benchmarks").glob("bench_*.py"))
 EXTRAS = {"bench_onnx": ("onnx", "onnx", "onnxruntime", "onnxscript")}  # script -> (extra, its modules)
 RESULT_LINE = re.compile(r"^RESULT .+: \d+\.\d+x \((target [<>]= [\d.]+x: (met|MISSED)|no target); ", re.MULTILINE)
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # whole scripts, end to end
+pytestmark = pytest.mark.slow  # whole scripts, end to end
 
 
 def test_every_benchmark_is_found():

@@ -15,7 +15,7 @@ from hf_ext.extras import install_command  # noqa: E402
 
 ERNIE_STATIC = REPO_ROOT / "tests" / "fixtures" / "ernie2" / "tiny" / "paddle_static"
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from conftest import REPO_ROOT, require_extra, run_script
 
 SCRIPTS = sorted(path for path in (REPO_ROOT / "reproductions").glob("*.py") if path.stem != "common")
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # whole scripts, end to end
+pytestmark = pytest.mark.slow  # whole scripts, end to end
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.stem)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import missing_dependency, require_extra, running_app
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 CHROMIUM = "/usr/bin/chromium"
 # a closed network refuses chromium's background connections (updates, sync, QUIC probes): keep it from trying
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -20,7 +20,7 @@ TIMEOUT_MS = 30_000
 
 @pytest.fixture(scope="module")
 def browser():
-    require_extra("test", "playwright")
+    require_extra("test-slow", "playwright")
     from playwright import sync_api
 
     if not os.access(CHROMIUM, os.X_OK):

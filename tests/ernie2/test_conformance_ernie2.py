@@ -1,12 +1,9 @@
 """ERNIE 2.0's pre-training model against the common model checks (`conformance.py`)."""
 
-import pytest
 import torch
 from conformance import ModelConformance
 
 from hf_ext import Ernie2ForPreTraining, Ernie2PreTrainingConfig
-
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 BATCH, LENGTH = 2, 8
 

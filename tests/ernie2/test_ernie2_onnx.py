@@ -14,7 +14,7 @@ from hf_ext.onnx_export import export_onnx, session  # noqa: E402 - after the ex
 TINY = REPO_ROOT / "tests" / "fixtures" / "ernie2" / "tiny"
 ATOL = 1e-4
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 
 
 def test_encoder_with_task_ids_matches_the_paddle_original(tmp_path):

@@ -58,7 +58,7 @@ from hf_ext.models.ernie2.training import (
     load_glue_dataset,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 
 TINY = REPO_ROOT / "tests/fixtures/ernie2/tiny"
 GLUE = REPO_ROOT / "tests/data/glue_samples"

@@ -8,8 +8,6 @@ from transformers import BertConfig
 
 from hf_ext.models.mtdnn import MTDNNConfig, MTDNNForSequenceClassification, MTDNNModel
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 BATCH, LENGTH = 2, 9
 TASKS = [
     {"name": "nli", "type": "classification", "num_labels": 3, "head": "san", "san": {"num_turns": 2}},

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 APP_FOLDER = "mtdnn_sample_folder"  # the `client` fixture serves it
 PREMISE, HYPOTHESIS = "a man is playing .", "a woman is sleeping ."
 

@@ -15,7 +15,7 @@ from hf_ext.onnx_export import export_onnx, session  # noqa: E402 - after the ex
 TINY = REPO_ROOT / "tests" / "fixtures" / "mtdnn" / "tiny"
 ATOL = 1e-4  # ONNX Runtime against float32 PyTorch
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ from hf_ext.models.mtdnn.task_defs import config_from_task_def_yaml
 from hf_ext.models.mtdnn.training import MTDNNTrainer
 from hf_ext.sample_text import train_bert_vocab
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 
 FIXTURE = REPO_ROOT / "tests/fixtures/mtdnn/tiny"
 GLUE = REPO_ROOT / "tests/data/glue_samples"

@@ -1,14 +1,11 @@
 """Optimus's two classes against the common model checks (`conformance.py`), and the regressions of issue #17 that
 concern them."""
 
-import pytest
 import torch
 from conformance import GenerationConformance, ModelConformance
 
 from hf_ext import OptimusForSequenceClassification, OptimusModel
 from hf_ext.models.optimus.samples import tiny_config
-
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 BATCH, ENCODER_LENGTH, DECODER_LENGTH = 2, 7, 6
 DECODER_BASE_VOCAB = 30  # <PAD>, <BOS>, <EOS> follow

@@ -7,7 +7,7 @@ import torch
 from hf_ext.models.optimus import OptimusLatentSpace
 from hf_ext.serve import MAX_TEXT_CHARS
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 APP_FOLDER = "optimus_sample_folder"  # the `client` fixture serves it
 GREEDY = ("greedy", 4, 0.9, 0)  # decoding, beams, top-p, seed
 START, END = "a man is playing a guitar .", "a woman is reading a book ."

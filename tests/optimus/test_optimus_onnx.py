@@ -19,7 +19,7 @@ from hf_ext.sample_text import bundled_sentences, train_bert_vocab, train_gpt2_b
 
 ATOL = 1e-4
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

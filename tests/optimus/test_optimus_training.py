@@ -38,7 +38,7 @@ from hf_ext.models.optimus.training import (
 )
 from hf_ext.sample_text import train_bert_vocab, train_gpt2_bpe
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 
 FIXTURE = REPO_ROOT / "tests/fixtures/optimus/tiny"
 SNLI = REPO_ROOT / "tests/data/snli_sentences"

@@ -12,8 +12,6 @@ from hf_ext import (
     UniversalTransformerModel,
 )
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 BATCH, LENGTH, TARGET_LENGTH = 2, 7, 5
 
 

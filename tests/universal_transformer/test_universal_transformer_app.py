@@ -6,7 +6,7 @@ import pytest
 from hf_ext.models.universal_transformer.halting_map import halting_map
 from hf_ext.models.universal_transformer.loading import load_model_and_tokenizer
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 APP_FOLDER = "algorithmic_seq2seq_folder"  # the `client` fixture serves it
 
 

@@ -15,7 +15,7 @@ from hf_ext.onnx_export import export_onnx, session  # noqa: E402 - after the ex
 TINY = REPO_ROOT / "tests" / "fixtures" / "universal_transformer" / "tiny"
 ATOL = 1e-4
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 
 
 def padded_ids(batch, length, vocab, seed):

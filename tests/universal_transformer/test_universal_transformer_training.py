@@ -36,7 +36,7 @@ from hf_ext.models.universal_transformer.training import (
     vanilla_transformer,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
