@@ -68,3 +68,17 @@ def sentence(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty sentence")
     return text
+
+
+def report_targets(text: str) -> list[str]:
+    """A `--report-to` value: comma-separated names of the experiment trackers `Trainer` knows (`all` for every
+    installed one, `none` for none)."""
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    known = ("all", "none", *INTEGRATION_TO_CALLBACK)
+    unknown = [name for name in names if name not in known]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown tracker {(unknown or [text])[0]!r} (Trainer knows: "
+                                         f"{', '.join(known)})")
+    return [] if names == ["none"] else names

@@ -30,7 +30,9 @@ def build_parser(prog: str = "hf-ext") -> Parser:
                                   "loads with AutoModel.from_pretrained (written atomically).")
     converters = convert.add_subparsers(dest="converter", required=True, metavar="MODEL")
     push = commands.add_parser("push", help="upload a model folder to the Hub as one commit",
-                               description="Create REPO_ID if needed and upload DIR to it as a single commit.")
+                               description="Create REPO_ID if needed and upload DIR to it as a single commit. "
+                               "The folder's model card (README.md) is published loading the model by REPO_ID "
+                               "where it named the folder.")
     push.add_argument("dir", help="model folder (as written by hf-ext convert or save_pretrained)")
     push.add_argument("repo_id", help="Hub repository, e.g. my-org/my-model")
     push.add_argument("--private", action="store_true", help="create the repository as private")
@@ -40,6 +42,8 @@ def build_parser(prog: str = "hf-ext") -> Parser:
     push.add_argument("--skip-refused", action="store_true",
                       help="leave out, with a warning, what push refuses otherwise: hidden files and folders, links "
                       "that lead out of DIR (and the Hub cache), anything that is not a regular file")
+    push.add_argument("--allow-no-card", action="store_true",
+                      help="publish a folder without a model card (README.md), which push refuses otherwise")
     push.set_defaults(handler=_run_push)
     export = commands.add_parser("export", help="export a model folder for other runtimes",
                                  description="Export a model folder for other runtimes.")
@@ -71,7 +75,8 @@ def _run_push(args):
     from .hub import push_folder
 
     print(push_folder(args.dir, args.repo_id, token=args.token, private=args.private, revision=args.revision,
-                      commit_message=args.commit_message, skip_refused=args.skip_refused))
+                      commit_message=args.commit_message, skip_refused=args.skip_refused,
+                      allow_no_card=args.allow_no_card))
 
 
 def _run_export_onnx(args):

@@ -16,8 +16,9 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from .arguments import report_targets
 from .errors import HfExtError, one_line, redact, remote_code_refusal
 
 if TYPE_CHECKING:
@@ -78,6 +79,21 @@ def add_model_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
     loads a model takes them."""
     parser.add_argument("model", type=model_source, help=help_text)
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
+
+
+def add_run_reporting_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every training command shares on how its run is reported (`run_reporting_settings` reads them)."""
+    parser.add_argument("--report-to", type=report_targets, default=[], metavar="NAMES",
+                        help="experiment trackers Trainer reports to, comma-separated (tensorboard, wandb, mlflow, "
+                        "trackio, ...; all: every one installed); default none. The logs go to stderr as JSON lines "
+                        "either way, under a progress bar with the time left when stderr is a terminal")
+
+
+def run_reporting_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The `TrainingArguments` of a training command's reporting: its `--report-to` trackers, and a progress bar
+    when stderr is a terminal and the run is not `--quiet` (JSON log lines only otherwise, for logs and pipes)."""
+    return {"report_to": args.report_to,
+            "disable_tqdm": not (sys.stderr.isatty() and getattr(args, "verbosity", 0) >= 0)}
 
 
 def add_converter(converters: argparse._SubParsersAction, conversion: ModuleType) -> None:

@@ -1,8 +1,13 @@
-"""Hub work through huggingface_hub: model cards from `model_cards/`, pushing a folder as one commit (its regular files
-only, listed first), laying a folder into a local Hub cache so that `from_pretrained("org/name")` resolves offline,
-copying model files without following links out of their folder, and naming a model without local paths."""
+"""Hub work through huggingface_hub: model cards from `model_cards/` (a converter's, and the one every training
+command writes), pushing a folder as one commit (its regular files only, listed first, a model card required and
+published loading the model by its repo id), laying a folder into a local Hub cache so that
+`from_pretrained("org/name")` resolves offline, copying model files without following links out of their folder,
+and naming a model without local paths."""
 
+import argparse
 import hashlib
+import json
+import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -19,6 +24,8 @@ from .errors import HfExtError
 from .output import copy_file
 
 logger = logging.get_logger(__name__)
+# the model card of a folder, which the Hub shows as the model's page
+CARD = "README.md"
 
 
 def model_card_template(name: str) -> str:
@@ -41,6 +48,68 @@ def card_data(**kwargs: Any) -> ModelCardData:
     """`ModelCardData` with the package's defaults (library transformers, tag hf-ext)."""
     tags = ["hf-ext", *kwargs.pop("tags", [])]
     return ModelCardData(library_name="transformers", tags=tags, **kwargs)
+
+
+# what a training command's card leaves out of its settings: the command's plumbing, and secrets
+NOT_SETTINGS = frozenset({"handler", "command", "verbosity", "token", "overwrite"})
+
+
+def write_training_card(folder: str | Path, output_dir: str | Path, args: argparse.Namespace, command: str,
+                        base_model: str | None, log_history: list[dict[str, Any]],
+                        metrics: dict[str, Any] | None = None) -> ModelCard:
+    """`folder/README.md` for a model a training command wrote into `folder` (the staging folder of its output
+    `output_dir`): what it is, what it started from (`base_model`, None for fresh weights), the command and its settings
+    (`args`, but for `NOT_SETTINGS`), the steps and final training loss (from `log_history`), `metrics`, and how to
+    load it (a PEFT adapter on its base)."""
+    from . import __version__
+    from .models import MODELS
+
+    folder, name = Path(folder), Path(output_dir).name
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    entry = next((entry for entry in MODELS if entry.model_type == config.get("model_type")), None)
+    settings = [(option, _without_local_path(value)) for option, value in sorted(vars(args).items())
+                if option not in NOT_SETTINGS and value is not None and not callable(value)]
+    losses = [logged["train_loss"] for logged in log_history if "train_loss" in logged]
+    steps = _optimizer_steps(log_history)
+    # a folder is no Hub model: the card's metadata names only a base on the Hub
+    hub_base = base_model if base_model is not None and not Path(base_model).expanduser().exists() else None
+    data = card_data(tags=[config["model_type"]] if "model_type" in config else [], base_model=hub_base)
+    return write_model_card(folder, "training", data, model_name=name,
+                            display_name=entry.display_name if entry else "transformers",
+                            base_model=None if base_model is None else _without_local_path(base_model),
+                            hf_ext_version=__version__, command=command, settings=settings, steps=steps,
+                            train_loss=losses[-1] if losses else None, metrics=sorted((metrics or {}).items()),
+                            adapter=(folder / "adapter_config.json").is_file(), repo_id=name)
+
+
+def _optimizer_steps(log_history: list[dict[str, Any]]) -> int:
+    """The steps a log records, where the log of a run in stages starts counting again at each stage."""
+    total = stage_steps = previous = 0
+    for logged in log_history:
+        step = logged.get("step", 0)
+        if step < previous:  # a new stage
+            total, stage_steps = total + stage_steps, 0
+        stage_steps, previous = max(stage_steps, step), step
+    return total + stage_steps
+
+
+def _without_local_path(value: Any) -> str:
+    """`value` as a card shows it: a local file or folder by its name only (a published card tells no one where
+    the trainer's files were), lists item by item."""
+    if isinstance(value, list | tuple):
+        return ", ".join(_without_local_path(item) for item in value)
+    if isinstance(value, str | Path) and _local_path(str(value)):
+        return Path(value).name
+    label, equals, path = str(value).partition("=")  # a TASK=FILE value
+    if equals and _local_path(path):
+        return f"{label}={Path(path).name}"
+    return str(value)
+
+
+def _local_path(text: str) -> bool:
+    """Whether `text` names a local file or folder: one that exists, or any absolute path (a Hub id never is one;
+    an output folder does not exist yet while its card is written)."""
+    return bool(text) and (Path(text).is_absolute() or Path(text).expanduser().exists())
 
 
 def link_roots(folder: str | Path) -> list[Path]:
@@ -124,18 +193,33 @@ def publishable_files(folder: str | Path, skip_refused: bool = False) -> list[tu
     return files
 
 
+def card_for_repo(card: str, local_name: str, repo_id: str) -> str:
+    """`card` (a README.md) with the model loaded by `repo_id` where it was loaded by the local folder name
+    `local_name`, as a card written without a Hub id says: `from_pretrained("NAME")` and `hf-ext ... NAME`."""
+    quoted = card.replace(f'"{local_name}"', f'"{repo_id}"')
+    command = re.compile(rf"(\bhf-ext(?: [a-z0-9-]+)+ ){re.escape(local_name)}(?![\w./-])")
+    return command.sub(lambda match: match.group(1) + repo_id, quoted)
+
+
 def push_folder(folder: str | Path, repo_id: str, token: str | None = None, private: bool = False,
                 revision: str | None = None, commit_message: str | None = None, endpoint: str | None = None,
-                skip_refused: bool = False) -> str:
+                skip_refused: bool = False, allow_no_card: bool = False) -> str:
     """Create `repo_id` if needed and upload the files of `folder` that `publishable_files` accepts as a single
     commit, listing them (names and sizes) and saying whether the repository is public first; returns the commit
-    URL."""
+    URL. A folder without a model card (README.md) is refused unless `allow_no_card`; a card that loads the model
+    by the folder's own name is published loading it by `repo_id` (`card_for_repo`; the folder is not changed)."""
     from huggingface_hub import CommitOperationAdd
 
     folder = Path(folder)
     if not folder.is_dir() or not (folder / "config.json").is_file():
         raise HfExtError(f"{folder} is not a model folder (no config.json)")
     files = publishable_files(folder, skip_refused)
+    card_path = dict(files).get(CARD)
+    if card_path is None and not allow_no_card:
+        raise HfExtError(f"{folder} has no model card ({CARD}): write one (the Hub shows it as the model's page), or "
+                         "pass --allow-no-card to publish the folder without one")
+    card = card_path.read_text(encoding="utf-8") if card_path is not None else None
+    published_card = card_for_repo(card, folder.resolve().name, repo_id) if card is not None else None
     sizes = {name: path.stat().st_size for name, path in files}
     api = HfApi(endpoint=endpoint, token=token)
     try:
@@ -150,7 +234,11 @@ def push_folder(folder: str | Path, repo_id: str, token: str | None = None, priv
         logger.info(f"uploading {files_text} from {folder} to {repo_id}, {visibility}:")
         for name, size in sizes.items():
             logger.info(f"  {name} ({_size(size)})")
-        operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(path)) for name, path in files]
+        if published_card != card:
+            logger.info(f"  ({CARD}: the model loaded by {repo_id!r} instead of the folder's name)")
+        operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=published_card.encode("utf-8")
+                                         if name == CARD and published_card != card else str(path))
+                      for name, path in files]
         info = api.create_commit(repo_id, operations, repo_type="model", revision=revision,
                                  commit_message=commit_message or f"Upload {folder.name} with hf-ext")
     except HfHubHTTPError as error:

@@ -44,10 +44,27 @@ def load_config(source: str, expected_type: str | None = None, description: str 
     return config
 
 
+# files a saved tokenizer leaves in its folder (transformers 5 writes the first two; older folders hold a vocabulary
+# or a sentencepiece model)
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.txt", "vocab.json")
+
+
+def require_tokenizer_files(source: str) -> None:
+    """Raise `HfExtError` for a folder that holds no tokenizer at all, saying how to give it one: transformers would
+    build an empty tokenizer from its config alone, or answer with a paragraph about the Hub."""
+    folder = Path(source).expanduser()
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES) \
+            and not any(folder.glob("*.model")):
+        raise HfExtError(f"{source} has no tokenizer: save one into the folder "
+                         f"(AutoTokenizer.from_pretrained(NAME).save_pretrained({str(folder)!r})), or convert the "
+                         "original again with --tokenizer NAME where its converter offers it")
+
+
 def load_tokenizer(source: str, trust_remote_code: bool = False) -> "PreTrainedTokenizerBase":
     """The tokenizer of `source` (a folder or Hub repo id), with one error line when it has none that loads."""
     from transformers import AutoTokenizer
 
+    require_tokenizer_files(source)
     try:
         return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:

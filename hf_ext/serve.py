@@ -96,10 +96,31 @@ def app_module(model_type: str) -> ModuleType:
     return found[model_type]
 
 
-def build_app(source: str, trust_remote_code: bool = False) -> "gr.Blocks":
-    """The `gr.Blocks` app of the model in `source` (a folder or Hub repo id), chosen by its model type."""
+def build_app(source: str, trust_remote_code: bool = False,
+              before_loading: Callable[[], None] | None = None) -> "gr.Blocks":
+    """The `gr.Blocks` app of the model in `source` (a folder or Hub repo id), chosen by its model type;
+    `before_loading` runs once the folder is known to have an app and gradio is there, before the model loads."""
     config = load_config(source, trust_remote_code=trust_remote_code)
-    return app_module(config.model_type).build_app(source, trust_remote_code)
+    module = app_module(config.model_type)
+    if before_loading is not None:
+        before_loading()
+    return module.build_app(source, trust_remote_code)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise `HfExtError` (one line) when nothing can listen on HOST:PORT, before the model loads: Gradio finds out
+    only when it starts, after the loading, and says it in a paragraph of its own. A probe, not a reservation: what
+    takes the port between this and `launch` still fails there, with the same line."""
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            # as the server will: a port whose earlier connections are only closing is free
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as error:
+        raise HfExtError(f"cannot listen on {host}:{port}: {error.strerror or one_line(error)}") from None
 
 
 def launch(app: "gr.Blocks", host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> str:
@@ -265,7 +286,8 @@ def checked_float(value: float | int | None, what: str, low: float, high: float)
 
 def _run_serve(args: argparse.Namespace) -> None:
     with private_gradio_cache():
-        app = build_app(args.model, args.trust_remote_code)
+        app = build_app(args.model, args.trust_remote_code,
+                        before_loading=functools.partial(check_port_free, args.host, args.port))
         url = launch(app, args.host, args.port)
         if args.host not in LOOPBACK_NAMES:
             logger.warning(f"listening on {args.host}: anyone who can reach this machine can use the app")
@@ -280,5 +302,5 @@ def _run_serve(args: argparse.Namespace) -> None:
 
 
 __all__ = ["MAX_REQUEST_BYTES", "MAX_TEXT_CHARS", "ServedRequests", "add_serve_command", "app_module",
-           "apps", "build_app", "checked_float", "checked_int", "checked_text", "launch", "private_gradio_cache",
-           "require_gradio", "user_errors"]
+           "apps", "build_app", "check_port_free", "checked_float", "checked_int", "checked_text", "launch",
+           "private_gradio_cache", "require_gradio", "user_errors"]

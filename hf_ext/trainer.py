@@ -1,6 +1,7 @@
 """What every model's training here shares: `TrainingArguments` with the package's defaults, logging named loss
-terms beside the loss, JSON log lines on stderr for command-line runs, resuming from the newest complete checkpoint,
-the output folder of a training command, and PEFT calls without its expected warnings."""
+terms beside the loss, JSON log lines (and at a terminal a progress bar) on stderr for command-line runs, resuming
+from the newest complete checkpoint, the output folder of a training command, and PEFT calls without its expected
+warnings."""
 
 import contextlib
 import json
@@ -16,10 +17,12 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
 from transformers import (
     PreTrainedTokenizerBase,
     PrinterCallback,
     ProcessorMixin,
+    ProgressCallback,
     Trainer,
     TrainerCallback,
     TrainerControl,
@@ -44,13 +47,27 @@ class StderrLogCallback(TrainerCallback):
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, float] | None = None, **kwargs: Any) -> None:
         if state.is_world_process_zero and logs:
-            # one write per line, so that a Ctrl-C cannot leave a line unfinished for the error to be glued to
-            sys.stderr.write(json.dumps({"step": state.global_step, **logs}) + "\n")
+            # above the progress bar where one is drawn; one write per line, so that a Ctrl-C cannot leave a line
+            # unfinished for the error to be glued to
+            with tqdm.external_write_mode(file=sys.stderr):
+                sys.stderr.write(json.dumps({"step": state.global_step, **logs}) + "\n")
+
+
+class StderrProgressCallback(ProgressCallback):
+    """`Trainer`'s progress bars (steps done, rate, time left) on stderr, without `ProgressCallback`'s copy of each
+    log entry on stdout: `StderrLogCallback` writes the entries above the bar."""
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        return None
 
 
 def send_logs_to_stderr(trainer: Trainer) -> None:
-    """Send `trainer`'s logs to stderr as JSON lines instead of printing them on stdout."""
+    """Send `trainer`'s logs to stderr as JSON lines instead of printing them on stdout; its progress bar, when its
+    arguments draw one (`disable_tqdm=False`), stays, on stderr."""
     trainer.remove_callback(PrinterCallback)
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(StderrProgressCallback())
     trainer.add_callback(StderrLogCallback())
 
 

@@ -7,6 +7,7 @@ import math
 import os
 import pickle
 import shutil
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,19 @@ class Payload:
 
     def __reduce__(self):
         return os.system, (f"touch {self.marker}",)
+
+
+# listening sockets that hold their ports in use until the test process ends
+HELD_SOCKETS: list[socket.socket] = []
+
+
+def port_in_use() -> int:
+    """A local port something is listening on."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    HELD_SOCKETS.append(taken)
+    return taken.getsockname()[1]
 
 
 # ----- input builders: each takes the case's folder and returns the path it made ---------------------------------

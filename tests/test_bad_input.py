@@ -88,6 +88,9 @@ SECURITY_CASES = {
                                         "org/model"], 1, ".env (hidden)"),
     "push a FIFO": (lambda tmp: ["push", folder_with(tmp, "pipe", os.mkfifo), "org/model"], 1,
                     "pipe (not a regular file)"),
+    "push a folder without a model card": (
+        lambda tmp: ["push", folder_with(tmp, "model.safetensors", lambda path: path.write_bytes(b"")), "org/model"],
+        1, "has no model card (README.md)"),
     "token with a line ending": (lambda tmp: ["push", tmp, "org/model", "--token", TOKEN + "\r\n"], 2,
                                  "argument --token: the token holds whitespace or a control character"),
     "token of a converter with a line ending": (lambda tmp: [

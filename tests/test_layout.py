@@ -31,7 +31,8 @@ PACKAGE = ROOT / "hf_ext"
 MODEL_DIRS = sorted(path for path in (PACKAGE / "models").iterdir() if (path / "__init__.py").is_file())
 CONVERSION_DIR = ROOT / "conversion"
 CARD_DIR = ROOT / "model_cards"
-SHARED_CARDS = {"onnx"}  # rendered by hf_ext/onnx_export.py for every model it exports
+# rendered for every model: by hf_ext/onnx_export.py, and by hf_ext/hub.py for training outputs
+SHARED_CARDS = {"onnx", "training"}
 # the evaluate metric scripts are named after the protocol they implement (a paper's metrics, as evaluate names
 # "squad" or "bleu"), are loaded by path and import nothing of hf-ext
 NAMING_EXEMPT = PACKAGE / "metrics"

@@ -51,6 +51,10 @@ def careless_folder(tmp_path: Path) -> Path:
     return folder
 
 
+# the metadata block a model card starts with (the Hub warns of a card without one)
+CARD_METADATA = "---\nlicense: mit\n---\n"
+
+
 def error_line(capsys) -> str:
     err = capsys.readouterr().err
     assert "Traceback" not in err
@@ -82,7 +86,7 @@ def test_push_publishes_regular_files_and_links_inside_the_folder_or_the_hub_cac
     (folder / "tokenizer.json").symlink_to(blob)  # a link into the Hub cache, as a cached snapshot is made of
     (folder / "fifo").mkdir()
     os.mkfifo(folder / "fifo" / "pipe")
-    assert cli_exit_code(["push", folder, "org/model", "--token", TOKEN, "--skip-refused"]) == 0
+    assert cli_exit_code(["push", folder, "org/model", "--token", TOKEN, "--skip-refused", "--allow-no-card"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert hub.files("org/model") == {"config.json": b'{"model_type": "bert"}', "model.safetensors": bytes(2048),
                                       "same_config.json": b'{"model_type": "bert"}',
@@ -103,14 +107,36 @@ def test_push_says_whether_the_repository_is_private(tmp_path, hub, capsys):
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
+    (folder / "README.md").write_text(CARD_METADATA + "# model\n")
     assert cli_exit_code(["push", folder, "org/private", "--token", TOKEN, "--private"]) == 0
-    assert f"uploading 1 file (0.0 MiB) from {folder} to org/private, a private repository:" in \
+    assert f"uploading 2 files (0.0 MiB) from {folder} to org/private, a private repository:" in \
         capsys.readouterr().err.splitlines()
     assert cli_exit_code(["push", folder, "org/public", "--token", TOKEN]) == 0
     assert cli_exit_code(["push", folder, "org/public", "--token", TOKEN, "--private"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert "warning: org/public exists and is public: --private does not change an existing repository" in err
-    assert err[-3].endswith("to org/public, a public repository (anyone can read it):")
+    assert err[-4].endswith("to org/public, a public repository (anyone can read it):")
+
+
+def test_push_needs_a_card_and_publishes_it_loading_the_model_by_the_repo_id(tmp_path, hub, capsys):
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    assert cli_exit_code(["push", folder, "org/model", "--token", TOKEN]) == 1
+    assert error_line(capsys) == (
+        f"hf-ext: error: {folder} has no model card (README.md): write one (the Hub shows it as the model's page), "
+        "or pass --allow-no-card to publish the folder without one")
+    assert hub.requests == []
+    card = (CARD_METADATA + 'model = AutoModel.from_pretrained("my-model")\n'
+            '`hf-ext optimus reconstruct my-model "a sentence"`\n'
+            'my-model-2, "my-model/x" and hf-ext push my-model-2 stay\n')
+    (folder / "README.md").write_text(card)
+    assert cli_exit_code(["push", folder, "org/model", "--token", TOKEN]) == 0
+    assert hub.files("org/model")["README.md"].decode() == (
+        CARD_METADATA + 'model = AutoModel.from_pretrained("org/model")\n'
+        '`hf-ext optimus reconstruct org/model "a sentence"`\n'
+        'my-model-2, "my-model/x" and hf-ext push my-model-2 stay\n')
+    assert (folder / "README.md").read_text() == card  # the folder itself is as it was
 
 
 # ----- copies of model files ---------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 no model, a model type without an app), the limits on requests, nothing sent off the machine, and the command run
 for real until Ctrl-C."""
 
+import json
 import os
 import signal
 import subprocess
@@ -57,6 +58,23 @@ def test_a_model_type_without_an_app_is_one_line(tmp_path, capsys, monkeypatch, 
     served = ", ".join(sorted(entry.model_type for entry in SERVED))
     assert capsys.readouterr().err == (f"hf-ext: error: no app for model type '{model_type}' (hf-ext serve has apps "
                                        f"for {served})\n")
+
+
+def test_a_port_in_use_is_refused_before_the_model_loads(mtdnn_sample_folder, monkeypatch, capsys):
+    import socket
+
+    model_type = json.loads((mtdnn_sample_folder / "config.json").read_text())["model_type"]
+    loaded = []
+    monkeypatch.setattr(serve, "require_gradio", lambda: None)  # the check comes first: no gradio needed here
+    monkeypatch.setattr(serve.apps()[model_type], "build_app", lambda *args: loaded.append(args))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli_exit_code(["serve", mtdnn_sample_folder, "--host", "127.0.0.1", "--port", str(port)]) == 1
+    assert capsys.readouterr().err == f"hf-ext: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    assert loaded == []
+    serve.check_port_free("127.0.0.1", port)  # closed, the port is free again
 
 
 @pytest.mark.parametrize("port", ["0", "65536", "http"])

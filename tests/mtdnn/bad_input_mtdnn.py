@@ -13,6 +13,7 @@ from bad_input import (
     foreign_code,
     nan_logits,
     payload,
+    port_in_use,
     random_bytes,
     shifted,
     truncate,
@@ -88,9 +89,14 @@ CONVERSION_CASES = {
 COMMAND_FOLDER = "mtdnn_sample_folder"
 
 COMMAND_CASES = {
+    "serve on a port in use": (lambda tmp, folder: ["serve", folder, "--port", port_in_use()], 1,
+                               "cannot listen on 127.0.0.1:"),
     "mtdnn train from an unconverted checkpoint": (lambda tmp, folder: [
         "mtdnn", "train", MTDNN / "model_0.pt", "--train", "a=b.tsv", "--output-dir", tmp / "out"], 2,
         "looks like an original MT-DNN checkpoint, not a model folder: convert it first (hf-ext convert mtdnn"),
+    "mtdnn train reporting to an unknown tracker": (lambda tmp, folder: [
+        "mtdnn", "train", folder, "--train", "a=b.tsv", "--output-dir", tmp / "out", "--report-to", "tensorbord"], 2,
+        "argument --report-to: unknown tracker 'tensorbord'"),
     "mtdnn train with a bad warmup": (lambda tmp, folder: ["mtdnn", "train", folder, "--train", "a=b.tsv",
                                                            "--output-dir", tmp / "out", "--warmup", "2"], 2,
                                       "argument --warmup: must be in [0, 1)"),

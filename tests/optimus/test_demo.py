@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModel
 
 from hf_ext.cli import main
-from hf_ext.models.optimus.demo import ACTIVITIES, PLACES, SHOWN, SUBJECTS
+from hf_ext.models.optimus.demo import ACTIVITIES, PLACES, SHOWN, SUBJECTS, dropout_probabilities
 from hf_ext.sample_text import bundled_sentences
 
 pytestmark = pytest.mark.slow
@@ -41,6 +41,12 @@ def test_demo_runs_end_to_end(tmp_path, capsys, no_network):
     converted = AutoModel.from_pretrained(workdir / "converted")
     finetuned = AutoModel.from_pretrained(workdir / "finetuned")
     assert not torch.equal(converted.to_latent.weight, finetuned.to_latent.weight)
+    # it was trained without dropout, and its configuration says so: continuing from it trains the same model
+    saved = json.loads((workdir / "finetuned" / "config.json").read_text())
+    probabilities = {f"{side}.{name}": saved[side][name] for side in ("encoder", "decoder")
+                     for name in dropout_probabilities(getattr(finetuned.config, side))}
+    assert len(probabilities) >= 5 and set(probabilities.values()) == {0.0}, probabilities
+    assert not (workdir / "trainer").exists()  # the Trainer's working folder, which the demo leaves empty
     summary = json.loads((workdir / "demo.json").read_text())
     assert SUMMARY_FIELDS <= set(summary)
     assert [row["input"] for row in summary["reconstructions"]] == bundled_sentences()

@@ -77,3 +77,19 @@ def test_the_latent_map_draws_the_sentences_and_the_path(space):
     assert len(map_axis.lines[0].get_xydata()) == 4  # the path through them
     assert listing.texts[0].get_text().count("t=") == 4
     assert len(app.latent_map(sentences, START, "not entered", 4).axes[0].lines) == 0
+    # every point drawn is in the legend, and nothing in the legend is not drawn
+    assert [text.get_text() for text in map_axis.get_legend().get_texts()] == [
+        "posterior means of the sentences", "interpolation"]
+    assert "of the variance" in map_axis.get_ylabel()
+
+
+@pytest.mark.parametrize("path", [False, True], ids=["two sentences", "the path between them"])
+def test_two_sentences_are_drawn_on_one_axis(space, path):
+    from hf_ext.models.optimus.app import OptimusApp
+
+    figure = OptimusApp(space).latent_map([START, END], *((START, END, 3) if path else ()))
+    map_axis = figure.axes[0]
+    # two points span a line: no second axis of rounding noise
+    assert map_axis.get_ylabel() == "(the means lie on one line)" and list(map_axis.get_yticks()) == []
+    assert (map_axis.collections[0].get_offsets()[:, 1] == 0).all()
+    assert "100% of the variance" in map_axis.get_xlabel()

@@ -415,7 +415,10 @@ def test_cli_train_saves_a_trained_model(model_dir, tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["steps"] == 4
     assert {"config.json", "model.safetensors", "modeling_optimus.py", "tokenizer_config.json", "decoder_tokenizer",
-            "log_history.json", "training_curves.png"} <= {p.name for p in out.iterdir()}
+            "log_history.json", "training_curves.png", "README.md"} <= {p.name for p in out.iterdir()}
+    card = (out / "README.md").read_text()
+    assert "`hf-ext optimus train`, with these settings:" in card and "| `beta` | `0.5` |" in card
+    assert "4 optimizer steps" in card and str(tmp_path) not in card
     trained, initial = AutoModel.from_pretrained(out, trust_remote_code=True), AutoModel.from_pretrained(model_dir)
     assert (trained.config.beta, trained.config.fb_mode, trained.config.length_weighted_loss) == (0.5, 0, True)
     assert not torch.equal(trained.to_latent.weight, initial.to_latent.weight)

@@ -482,7 +482,7 @@ def test_cli_halting_map_refuses_bad_input(cli_model, tmp_path, capsys):
     cases = [
         ([str(cli_model), "1x", str(tmp_path / "a.png")], "cannot tokenize '1x'"),
         ([str(no_act), "12", str(tmp_path / "b.png")], "ACT switched off"),
-        ([str(no_tokenizer), "12", str(tmp_path / "c.png")], "has no usable tokenizer"),
+        ([str(no_tokenizer), "12", str(tmp_path / "c.png")], "has no tokenizer: save one into the folder"),
         ([str(cli_model), "12", str(tmp_path / "nowhere" / "e.png")], "does not exist"),
     ]
     for arguments, message in cases:

@@ -5,7 +5,7 @@ import argparse
 import json
 
 from ...arguments import nonnegative_int, number_in, positive_float, positive_int
-from ...cli_utils import add_model_argument, model_commands
+from ...cli_utils import add_model_argument, add_run_reporting_arguments, model_commands, run_reporting_settings
 from ...errors import require
 from . import conversion
 
@@ -93,6 +93,7 @@ def _training_arguments(parser, batch_size, learning_rate):
                         help=f"peak learning rate (default {learning_rate:g})")
     parser.add_argument("--logging-steps", type=positive_int, default=50, help="steps per logged average (default 50)")
     parser.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
+    add_run_reporting_arguments(parser)
 
 
 
@@ -102,23 +103,14 @@ def _training_args(args, output_dir, **settings):
     return training_arguments(
         output_dir, per_device_train_batch_size=args.batch_size,
         gradient_accumulation_steps=args.gradient_accumulation_steps, learning_rate=args.learning_rate,
-        logging_steps=args.logging_steps, seed=args.seed, disable_tqdm=True, **settings)
-
-
-def _tokenizer(args):
-    from transformers import AutoTokenizer
-
-    from ...errors import HfExtError
-
-    try:
-        return AutoTokenizer.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
-    except (OSError, ValueError) as error:
-        raise HfExtError(f"cannot load the tokenizer of {args.model}: {str(error).splitlines()[0]}") from None
+        logging_steps=args.logging_steps, seed=args.seed, **run_reporting_settings(args), **settings)
 
 
 def _pretrain(args):
     from pathlib import Path
 
+    from ...hub import write_training_card
+    from ...loading import load_tokenizer
     from ...output import atomic_output_dir
     from .data import PAIR_TASKS, load_documents, pretraining_datasets
     from .schedule import PAPER_SCHEDULE, ContinualSchedule
@@ -139,7 +131,7 @@ def _pretrain(args):
     config = model.config
     require(args.max_length <= config.max_position_embeddings,
             f"--max-length {args.max_length} exceeds the model's {config.max_position_embeddings} positions")
-    tokenizer = _tokenizer(args)
+    tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
     datasets = pretraining_datasets(
         tokenizer, config, schedule, documents, pair_files, entity_lexicon=args.entity_lexicon,
         phrase_lexicon=args.phrase_lexicon, span_heuristics=not args.no_span_heuristics, max_length=args.max_length,
@@ -151,6 +143,8 @@ def _pretrain(args):
     with atomic_output_dir(out / "ernie", overwrite=True) as staging:
         model.save_ernie_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        write_training_card(staging, out / "ernie", args, "hf-ext ernie2 pretrain", args.model,
+                            [logged for history in histories for logged in history])
     final = {key: value for key, value in histories[-1][-1].items() if key in ("train_loss", "step")}
     print(json.dumps({"output_dir": str(out), "ernie": str(out / "ernie"),
                       "stage_models": [str(out / f"stage-{k + 1}" / "model") for k in range(len(histories))],
@@ -167,7 +161,7 @@ def _schedule(args):
 
 def _export(args):
     from ...errors import HfExtError
-    from ...loading import load_config, loading
+    from ...loading import load_config, load_tokenizer, loading
     from ...output import atomic_output_dir, check_output_dir
     from . import Ernie2ForPreTraining
 
@@ -179,13 +173,14 @@ def _export(args):
     with atomic_output_dir(args.out, args.overwrite) as staging:
         model.save_ernie_pretrained(staging)
         try:
-            _tokenizer(args).save_pretrained(staging)
+            load_tokenizer(args.model, trust_remote_code=args.trust_remote_code).save_pretrained(staging)
         except HfExtError:
             pass  # a folder saved without its tokenizer: the encoder alone is still useful
     print(args.out)
 
 
 def _finetune(args):
+    from ...hub import write_training_card
     from ...output import check_output_dir
     from ...trainer import print_summary, training_output
     from .training import finetune_glue
@@ -198,4 +193,6 @@ def _finetune(args):
                                          eval_file=args.eval_file, task_id=args.task_id, max_length=args.max_length,
                                          log_to_stderr=True, trust_remote_code=args.trust_remote_code)
         trainer.save_model(staging)
+        write_training_card(staging, args.output_dir, args, "hf-ext ernie2 finetune", args.model,
+                            trainer.state.log_history, metrics)
     print_summary(args.output_dir, **metrics)

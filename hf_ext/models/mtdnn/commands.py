@@ -4,7 +4,7 @@ evaluation and best-checkpoint selection, LoRA, and distillation from teacher en
 import argparse
 
 from ...arguments import fraction, nonnegative_float, number_in, positive_float, positive_int
-from ...cli_utils import add_model_argument, model_commands
+from ...cli_utils import add_model_argument, add_run_reporting_arguments, model_commands, run_reporting_settings
 from ...errors import require
 from . import conversion
 
@@ -95,6 +95,7 @@ def _add_training_arguments(parser):
     parser.add_argument("--lora-alpha", type=float, help="LoRA scaling numerator (default 2 x --lora-r)")
     parser.add_argument("--lora-dropout", type=fraction, default=0.0, help="dropout on the LoRA path (default 0)")
     parser.add_argument("--logging-steps", type=positive_int, default=50, help="steps per logged average (default 50)")
+    add_run_reporting_arguments(parser)
 
 
 
@@ -189,6 +190,7 @@ def _distill(args):
 
 def _run(args, distill=False):
     from ...errors import HfExtError
+    from ...hub import write_training_card
     from ...lora import add_lora
     from ...output import check_output_dir
     from ...trainer import print_summary, save_training_run, training_arguments, training_output
@@ -228,7 +230,7 @@ def _run(args, distill=False):
             logging_steps=args.logging_steps, seed=args.seed, eval_strategy=strategy, eval_steps=args.eval_steps,
             save_strategy=strategy if args.metric_for_best_model else "no", save_total_limit=1,
             load_best_model_at_end=bool(args.metric_for_best_model), metric_for_best_model=args.metric_for_best_model,
-            disable_tqdm=True)
+            **run_reporting_settings(args))
         trainer = train_mtdnn(model, train, evaluation, training_args, teachers=teachers,
                               teacher_batch_size=args.eval_batch_size, log_to_stderr=True, mix_opt=args.mix_opt,
                               ratio=args.ratio, optimizer_name=args.optimizer,
@@ -236,5 +238,7 @@ def _run(args, distill=False):
         del teachers
         metrics = trainer.evaluate() if evaluation else {}
         save_training_run(staging, trainer, tokenizer, metrics, model=model)  # LoRA: the adapter and the heads
+        write_training_card(staging, args.output_dir, args, f"hf-ext mtdnn {'distill' if distill else 'train'}",
+                            args.model, trainer.state.log_history, metrics)
     print_summary(args.output_dir, trainer, best_metric=trainer.state.best_metric,
                   eval={key: value for key, value in metrics.items() if not key.endswith(("_runtime", "_per_second"))})

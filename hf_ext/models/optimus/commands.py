@@ -15,7 +15,7 @@ from ...arguments import (
     probability,
     sentence,
 )
-from ...cli_utils import add_model_argument, model_commands
+from ...cli_utils import add_model_argument, add_run_reporting_arguments, model_commands, run_reporting_settings
 from ...errors import require
 from . import conversion
 from .demo import add_demo_command
@@ -141,6 +141,7 @@ def _register_training_tools(tools):
     parser.add_argument("--length-weighted-loss", action=argparse.BooleanOptionalAction,
                         help="divide each reconstruction loss by the sentence length (default: the model's setting)")
     parser.add_argument("--logging-steps", type=positive_int, default=50, help="steps per logged average (default 50)")
+    add_run_reporting_arguments(parser)
     parser.add_argument("--save-steps", type=positive_int, default=500,
                         help=f"checkpoint every N steps into OUTPUT_DIR{CHECKPOINTS_SUFFIX}/ (default 500); running "
                         "the same command again resumes from the newest complete checkpoint there; the folder is "
@@ -173,6 +174,7 @@ def _train(args):
     import shutil
     from pathlib import Path
 
+    from ...hub import write_training_card
     from ...output import atomic_output_dir, check_output_dir
     from ...plots import require_matplotlib
     from ...trainer import print_summary, save_training_run
@@ -198,9 +200,12 @@ def _train(args):
             model, processor, dataset, checkpoints, max_steps=args.max_steps, batch_size=args.batch_size,
             learning_rate=args.learning_rate, n_cycles=args.n_cycles, ratio_zero=ratio_zero,
             ratio_increase=ratio_increase, logging_steps=args.logging_steps, seed=args.seed,
-            max_length=_max_length(args, config), log_to_stderr=True, disable_tqdm=True, save_steps=args.save_steps,
+            max_length=_max_length(args, config), log_to_stderr=True, save_steps=args.save_steps,
+            **run_reporting_settings(args),
         )
         save_training_run(staging, trainer, processor)
+        write_training_card(staging, args.output_dir, args, "hf-ext optimus train", args.model,
+                            trainer.state.log_history)
         if args.plot:
             plot_training_curves(trainer.state.log_history, staging / "training_curves.png",
                                  title=f"Optimus fine-tuning on {args.train_file}")

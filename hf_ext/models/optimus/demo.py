@@ -15,6 +15,7 @@ sentences that mix the parts of both.
 """
 
 import argparse
+import contextlib
 import itertools
 import json
 import random
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers import PretrainedConfig, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ...arguments import positive_int
 
@@ -127,13 +128,20 @@ def run_demo(args: argparse.Namespace) -> None:
         torch.set_num_threads(threads)
 
 
+def dropout_probabilities(config: PretrainedConfig) -> list[str]:
+    """The names of `config`'s dropout probabilities (BERT's `*_dropout_prob`, GPT-2's `*_pdrop`, ...): its float
+    fields whose name says dropout."""
+    return [name for name, value in config.to_dict().items()
+            if isinstance(value, float) and ("dropout" in name or name.endswith("pdrop"))]
+
+
 def _run_demo(args: argparse.Namespace) -> None:
     import torch
     from datasets import Dataset
-    from transformers import AutoModel, AutoProcessor
+    from transformers import AutoConfig, AutoModel, AutoProcessor
 
     from ...errors import HfExtError
-    from ...hub import install_into_hub_cache
+    from ...hub import install_into_hub_cache, write_training_card
     from . import OptimusLatentSpace
     from .conversion import convert_optimus_checkpoint
     from .metrics import evaluate_optimus_lm, word_accuracy
@@ -165,12 +173,15 @@ def _run_demo(args: argparse.Namespace) -> None:
     hub_cache = workdir / "hub"
     install_into_hub_cache(workdir / "converted", DEMO_REPO_ID, hub_cache)
     print(f"3. loading AutoModel.from_pretrained({DEMO_REPO_ID!r}) from the local Hub cache {hub_cache}")
-    model = AutoModel.from_pretrained(DEMO_REPO_ID, cache_dir=hub_cache, local_files_only=True)
+    config = AutoConfig.from_pretrained(DEMO_REPO_ID, cache_dir=hub_cache, local_files_only=True)
+    # the model is meant to learn these sentences: nothing to regularise. In the configuration, so that the saved
+    # model is the one trained (continuing from it trains the same model)
+    for sub_config in (config.encoder, config.decoder):
+        for name in dropout_probabilities(sub_config):
+            setattr(sub_config, name, 0.0)
+    model = AutoModel.from_pretrained(DEMO_REPO_ID, config=config, cache_dir=hub_cache, local_files_only=True)
     processor = AutoProcessor.from_pretrained(DEMO_REPO_ID, cache_dir=hub_cache, local_files_only=True)
     print(f"   {type(model).__name__}: {model.num_parameters():,} parameters, latent size {model.config.latent_size}")
-    for module in model.modules():  # the model is meant to learn these sentences: nothing to regularise
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
 
     texts = sentences * BUNDLED_REPEATS + recombined
     random.Random(args.seed).shuffle(texts)
@@ -184,8 +195,12 @@ def _run_demo(args: argparse.Namespace) -> None:
                                logging_steps=max(1, args.max_steps // 40),
                                warmup_steps=min(WARMUP_STEPS, args.max_steps // 10), seed=args.seed, print_logs=False,
                                disable_tqdm=True, callbacks=[ProgressLines(started, max(1, args.max_steps // 8))])
+    with contextlib.suppress(OSError):  # Trainer makes its working folder; the demo saves no checkpoint there
+        (workdir / "trainer").rmdir()
     model.save_pretrained(workdir / "finetuned")
     processor.save_pretrained(workdir / "finetuned")
+    write_training_card(workdir / "finetuned", workdir / "finetuned", args, "hf-ext demo", None,
+                        trainer.state.log_history)
 
     space = OptimusLatentSpace(model, processor, max_new_tokens=24)
     outputs = space.reconstruct(sentences)

@@ -1,6 +1,6 @@
 """Loading an Optimus model and its processor from a folder or Hub repo id, for the commands and the app."""
 
-from ...loading import load_config, loading
+from ...loading import load_config, loading, require_tokenizer_files
 from .configuration_optimus import OptimusConfig
 from .modeling_optimus import OptimusModel
 from .processing_optimus import OptimusProcessor
@@ -12,6 +12,7 @@ def load_optimus(source: str, trust_remote_code: bool = False) -> tuple[OptimusM
     from transformers import AutoModel, AutoProcessor
 
     load_config(source, OptimusConfig.model_type, "an Optimus model", trust_remote_code)
+    require_tokenizer_files(source)
     with loading("an Optimus model", source):
         return (AutoModel.from_pretrained(source, trust_remote_code=trust_remote_code),
                 AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code))

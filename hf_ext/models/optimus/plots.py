@@ -25,6 +25,10 @@ CURVE_PANELS = (
 CURVE_KEYS = tuple(key for _, keys in CURVE_PANELS for key, _ in keys)
 
 
+# below this share of the variance on the second axis, the points lie on a line
+ONE_LINE_SHARE = 1e-6
+
+
 def curves_from_log_history(log_history: Sequence[dict[str, float]], keys: Iterable[str] = CURVE_KEYS,
                             ) -> dict[str, tuple[list[float], list[float]]]:
     """`{key: (steps, values)}` of the training logs that carry `key`."""
@@ -114,6 +118,11 @@ def latent_space_figure(means: "np.ndarray", texts: Sequence[str],
     path_latents, steps = interpolation if interpolation is not None else (np.zeros((0, len(means[0]))), [])
     direction = np.asarray(path_latents[-1]) - np.asarray(path_latents[0]) if steps else None
     (points, path_points), explained = project_to_plane(means, path_latents, first_axis=direction)
+    # two sentences, or an interpolation between the only two, lie on a line: the second axis would only scale
+    # rounding noise (a "0% of the variance" axis of 1e-8), so the map keeps one axis
+    on_a_line = explained[1] < ONE_LINE_SHARE
+    if on_a_line:
+        points[:, 1], path_points[:, 1] = 0.0, 0.0
     figure = new_figure(16 if log_history is not None else 11, 9 if steps else 8)
     grid = (figure.add_gridspec(len(CURVE_PANELS), 2, width_ratios=(3, 1)) if log_history is not None
             else figure.add_gridspec(len(CURVE_PANELS), 1))
@@ -124,9 +133,15 @@ def latent_space_figure(means: "np.ndarray", texts: Sequence[str],
     step_numbers: dict[str, list[str]] = {}
     for number, (_, text) in enumerate(steps):
         step_numbers.setdefault(text, []).append(str(number))
-    axis.scatter(points[:, 0], points[:, 1], s=18, color="0.65", label="posterior means of the sentences")
-    for index in range(len(texts)) if labelled is None else labelled:
-        axis.scatter(points[index, 0], points[index, 1], s=30, color="tab:blue")
+    shown = list(range(len(texts))) if labelled is None else list(labelled)
+    unlabelled = sorted(set(range(len(texts))) - set(shown))
+    if unlabelled:
+        axis.scatter(points[unlabelled, 0], points[unlabelled, 1], s=18, color="0.65",
+                     label="posterior means of other sentences")
+    axis.scatter(points[shown, 0], points[shown, 1], s=30, color="tab:blue",
+                 label="posterior means of the sentences written beside them" if unlabelled
+                 else "posterior means of the sentences")
+    for index in shown:
         label = ",".join(step_numbers[texts[index]]) if texts[index] in step_numbers else texts[index]
         axis.annotate(label, points[index], xytext=(5, 5), textcoords="offset points", fontsize=8, color="tab:blue")
     if steps:
@@ -144,6 +159,9 @@ def latent_space_figure(means: "np.ndarray", texts: Sequence[str],
     else:
         axis.set_xlabel(f"principal axis 1 ({explained[0]:.0%} of the variance)")
         axis.set_ylabel(f"principal axis 2 ({explained[1]:.0%} of the variance)")
+    if on_a_line:
+        axis.set_ylabel("(the means lie on one line)")
+        axis.set_yticks([])
     axis.set_title("latent space: posterior means")
     axis.legend(loc="best", fontsize=8)
     axis.grid(alpha=0.3)

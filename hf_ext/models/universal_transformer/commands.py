@@ -5,7 +5,7 @@ import argparse
 import json
 
 from ...arguments import fraction, positive_float, positive_int
-from ...cli_utils import add_model_argument, model_commands
+from ...cli_utils import add_model_argument, add_run_reporting_arguments, model_commands, run_reporting_settings
 from ...errors import require
 from . import conversion
 from .loading import load_model_and_tokenizer
@@ -32,6 +32,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_algorithmic_arguments(parser, train_length=20, test_length=40, max_steps=1500)
     parser.add_argument("--logging-steps", type=positive_int, default=100,
                         help="steps per logged average (default 100)")
+    add_run_reporting_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and the weights (default 0)")
     parser.set_defaults(handler=_train_algorithmic)
 
@@ -74,6 +75,7 @@ def add_algorithmic_arguments(parser: argparse.ArgumentParser, train_length: int
 def _train_algorithmic(args):
     import torch
 
+    from ...hub import write_training_card
     from ...output import atomic_output_dir, check_output_dir
     from . import UniversalTransformerForSeq2SeqLM
     from .training import algorithmic_config, algorithmic_tokenizer, run_algorithmic, vanilla_transformer
@@ -95,7 +97,7 @@ def _train_algorithmic(args):
                               test_length=args.test_length, num_train=args.num_train, num_test=args.num_test,
                               max_steps=args.max_steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
                               seed=args.seed, logging_steps=args.logging_steps, log_to_stderr=True,
-                              disable_tqdm=True)
+                              **run_reporting_settings(args))
         results = {"task": args.task, "architecture": args.architecture, "parameters": run.parameters,
                    "train_length": args.train_length, "test_length": args.test_length,
                    "max_steps": args.max_steps, "train_loss": run.train_loss,
@@ -105,6 +107,10 @@ def _train_algorithmic(args):
         algorithmic_tokenizer().save_pretrained(staging)
         (staging / "results.json").write_text(json.dumps(results, indent=1))
         (staging / "log_history.json").write_text(json.dumps(run.log_history, indent=1))
+        write_training_card(staging, args.output_dir, args,
+                            "hf-ext universal-transformer train-algorithmic", None, run.log_history,
+                            {**{f"{name} (training lengths)": value for name, value in run.train_lengths.items()},
+                             **{f"{name} (longer lengths)": value for name, value in run.longer_lengths.items()}})
     print(json.dumps({"output_dir": str(args.output_dir), **results}))
 
 
