@@ -72,7 +72,7 @@ def write_training_card(folder: str | Path, output_dir: str | Path, args: argpar
     losses = [logged["train_loss"] for logged in log_history if "train_loss" in logged]
     steps = _optimizer_steps(log_history)
     # a folder is no Hub model: the card's metadata names only a base on the Hub
-    hub_base = base_model if base_model is not None and not Path(base_model).expanduser().exists() else None
+    hub_base = base_model if base_model is not None and not _local_path(base_model) else None
     data = card_data(tags=[config["model_type"]] if "model_type" in config else [], base_model=hub_base)
     return write_model_card(folder, "training", data, model_name=name,
                             display_name=entry.display_name if entry else "transformers",
