@@ -14,7 +14,7 @@ On a machine shared with other work, `--threads 1` gives steadier timings.
 import tempfile
 
 import torch
-from timing import benchmark_parser, report_ratio, setup, time_interleaved
+from timing import benchmark_parser, report_ratio, setup, time_interleaved, trainer_step
 from transformers import BertConfig, Trainer, TrainingArguments
 
 from hf_ext.models.mtdnn import MTDNNConfig, MTDNNModel
@@ -67,17 +67,9 @@ def main(argv=None):
             "single-task step (Trainer, 1 head)": (Trainer(model=single, args=training), batch),
         }
 
-        def step(trainer, inputs):
-            def run():  # Trainer.training_step without its bookkeeping of a running train()
-                loss = trainer.compute_loss(trainer.model, dict(inputs))
-                trainer.accelerator.backward(loss)
-                trainer.optimizer.step()
-                trainer.model.zero_grad(set_to_none=True)
-            return run
-
         for trainer, _ in trainers.values():
             trainer.create_optimizer()
-        seconds = time_interleaved({name: step(*pair) for name, pair in trainers.items()}, repeats)
+        seconds = time_interleaved({name: trainer_step(*pair) for name, pair in trainers.items()}, repeats)
     multi_task, single_task = seconds.values()
     report_ratio("training step time, multi-task / single-task", multi_task, single_task, 1.05)
 

@@ -41,6 +41,17 @@ def load_average():
     return "load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
 
 
+def trainer_step(trainer, inputs):
+    """A function running one optimizer step of `trainer` (a transformers `Trainer` with its optimizer created) on
+    `inputs`: `Trainer.training_step` without the bookkeeping of a running `train()`."""
+    def run():
+        loss = trainer.compute_loss(trainer.model, dict(inputs))
+        trainer.accelerator.backward(loss)
+        trainer.optimizer.step()
+        trainer.model.zero_grad(set_to_none=True)
+    return run
+
+
 def time_interleaved(candidates, repeats, warmup=1, settle=0.0):
     """Seconds of each run of every `{name: callable}`. The candidates take turns within every round, so load that
     comes and goes affects the runs of one round alike. `settle` seconds of sleep before each run let thread pools

@@ -50,6 +50,9 @@ class LoraPlan:
 
 
 BERT_ATTENTION = ("query", "key", "value")  # BertSelfAttention's projections: the LoRA targets of a BERT encoder
+# the self-attention projections of the encoders AutoModel builds: BERT, RoBERTa, ELECTRA (query, key, value),
+# DeBERTa-v2/v3 (query_proj, key_proj, value_proj), DeBERTa (in_proj, all three in one), ModernBERT (Wqkv)
+ENCODER_ATTENTION = BERT_ATTENTION + ("query_proj", "key_proj", "value_proj", "in_proj", "Wqkv")
 
 
 @dataclass(frozen=True)
@@ -112,4 +115,4 @@ class ModelEntry:
         return importlib.import_module(f"{self.package}.{name}")
 
 
-__all__ = ["BERT_ATTENTION", "LoraPlan", "ModelEntry", "auto_map", "register_auto_classes"]
+__all__ = ["BERT_ATTENTION", "ENCODER_ATTENTION", "LoraPlan", "ModelEntry", "auto_map", "register_auto_classes"]

@@ -33,6 +33,20 @@ def mtdnn_checkpoint(tmp, change_state=None, **options):
     return ["convert", "mtdnn", tmp / "model.pt", tmp / "out", "--task-def", MTDNN / "task_def.yml"]
 
 
+def config_folder(tmp, config_class, **sizes):
+    """A folder holding only the config.json of another architecture (the encoder check reads no weights)."""
+    import transformers
+
+    folder = tmp / "model"
+    getattr(transformers, config_class)(**sizes).save_pretrained(folder)
+    return folder
+
+
+def mtdnn_train_from(tmp, config_class, **sizes):
+    return ["mtdnn", "train", config_folder(tmp, config_class, **sizes), "--task-def", MTDNN / "task_def.yml",
+            "--train", "cola=b.json", "--output-dir", tmp / "out"]
+
+
 def mtdnn(tmp, *extra):
     return ["convert", "mtdnn", MTDNN / "model_0.pt", tmp / "out", *extra]
 
@@ -100,6 +114,19 @@ COMMAND_CASES = {
     "mtdnn train with a bad warmup": (lambda tmp, folder: ["mtdnn", "train", folder, "--train", "a=b.tsv",
                                                            "--output-dir", tmp / "out", "--warmup", "2"], 2,
                                       "argument --warmup: must be in [0, 1)"),
+    "mtdnn train with a causal language model as the encoder": (lambda tmp, folder: mtdnn_train_from(
+        tmp, "GPT2Config", n_embd=16, n_layer=1, n_head=2), 1,
+        "the encoder must be a bidirectional encoder (BERT, RoBERTa, DeBERTa, ELECTRA, ModernBERT, ...), but 'gpt2' "
+        "is not one"),
+    "mtdnn train with an encoder-decoder as the encoder": (lambda tmp, folder: mtdnn_train_from(
+        tmp, "BartConfig", d_model=16, encoder_layers=1, decoder_layers=1), 1,
+        "the encoder must be an encoder model, but 'bart' is an encoder-decoder"),
+    "mtdnn train with an --adv-* option but no --adv-train": (lambda tmp, folder: [
+        "mtdnn", "train", folder, "--train", "a=b.tsv", "--output-dir", tmp / "out", "--adv-k", "2"], 1,
+        "--adv-k needs --adv-train"),
+    "mtdnn train with an unknown SMART norm": (lambda tmp, folder: [
+        "mtdnn", "train", folder, "--train", "a=b.tsv", "--output-dir", tmp / "out", "--adv-train",
+        "--adv-p-norm", "l3"], 1, "--adv-p-norm must be one of inf, l2, l1, got 'l3'"),
     "mtdnn train from a folder with its own code": (lambda tmp, folder: [
         "mtdnn", "train", foreign_code(tmp), "--train", "a=b.tsv", "--output-dir", tmp / "out"], 1,
         "only with --trust-remote-code"),

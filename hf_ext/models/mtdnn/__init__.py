@@ -1,6 +1,6 @@
-"""MT-DNN: multi-task BERT with linear and SAN heads (Liu et al., ACL 2019)."""
+"""MT-DNN: one encoder (BERT or any other) with linear and SAN task heads (Liu et al., ACL 2019)."""
 
-from ...registration import BERT_ATTENTION, LoraPlan, ModelEntry
+from ...registration import ENCODER_ATTENTION, LoraPlan, ModelEntry
 from .configuration_mtdnn import MTDNNConfig
 from .modeling_mtdnn import (
     MTDNNForSequenceClassification,
@@ -21,7 +21,7 @@ ENTRY = ModelEntry(
     card_template="mtdnn",
     conversion_script="convert_mtdnn_original_checkpoint.py",
     # the shared encoder's self-attention; every task head in full
-    lora=LoraPlan(BERT_ATTENTION, lambda model: [f"heads.{name}" for name in model.config.task_names]),
+    lora=LoraPlan(ENCODER_ATTENTION, lambda model: [f"heads.{name}" for name in model.config.task_names]),
     app="app",
     app_summary="MT-DNN's predictions of every task head",
     export_onnx="export_onnx",

@@ -48,8 +48,8 @@ class MTDNNApp:
                 batch = self.tokenizer(sentence, second if pair else None, truncation=True, max_length=limit,
                                        return_tensors="pt").to(self.model.device)
                 token_type_ids = batch.get("token_type_ids", torch.zeros_like(batch["input_ids"]))
-                sequence = self.model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                           token_type_ids=token_type_ids).last_hidden_state
+                sequence = self.model.encode(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                             token_type_ids=token_type_ids).last_hidden_state
                 encoded[pair] = (sequence, token_type_ids, batch["attention_mask"])
             logits = self.model.head_logits(task["name"], *encoded[pair])[0][0]
             if task["type"] == "classification":

@@ -1,5 +1,6 @@
 """`hf-ext mtdnn ...`: multi-task fine-tuning of MT-DNN models with the original's task mixing, per-task GLUE
-evaluation and best-checkpoint selection, LoRA, and distillation from teacher ensembles (MT-DNN-KD)."""
+evaluation and best-checkpoint selection, LoRA, SMART adversarial training, and distillation from teacher ensembles
+(MT-DNN-KD)."""
 
 import argparse
 
@@ -46,7 +47,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_training_arguments(parser):
-    add_model_argument(parser, "MT-DNN model folder or Hub repo id; with --task-def, a BERT model")
+    add_model_argument(parser, "MT-DNN model folder or Hub repo id; with --task-def, an encoder (BERT, RoBERTa, "
+                       "DeBERTa, ELECTRA, ModernBERT, ...)")
     parser.add_argument("--train", action="append", required=True, metavar="TASK=PATH",
                         help="training data of a task: a GLUE .tsv file or the original's preprocessed .json lines "
                         "(repeat per task; the first task is the main task of --mix-opt 1 and --ratio)")
@@ -55,8 +57,8 @@ def _add_training_arguments(parser):
                         "mnli:matched=... and mnli:mismatched=...)")
     parser.add_argument("--output-dir", required=True, help="folder for the trained model (written atomically)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
-    parser.add_argument("--task-def", help="the original's task-definition YAML: start from the BERT MODEL with new "
-                        "heads for the --train and --eval tasks")
+    parser.add_argument("--task-def", help="the original's task-definition YAML: start from the encoder MODEL with "
+                        "new heads for the --train and --eval tasks")
     parser.add_argument("--layout", action="append", default=[], metavar="TASK=GLUE_TASK",
                         help="GLUE TSV layout of a task not named after a GLUE task (e.g. snli=mnli)")
     parser.add_argument("--tokenizer", help="tokenizer folder or Hub repo id for .tsv data (default: MODEL's)")
@@ -95,8 +97,42 @@ def _add_training_arguments(parser):
     parser.add_argument("--lora-alpha", type=float, help="LoRA scaling numerator (default 2 x --lora-r)")
     parser.add_argument("--lora-dropout", type=fraction, default=0.0, help="dropout on the LoRA path (default 0)")
     parser.add_argument("--logging-steps", type=positive_int, default=50, help="steps per logged average (default 50)")
+    smart = parser.add_argument_group("SMART adversarial training (the original's --adv_* options and defaults)")
+    smart.add_argument("--adv-train", action="store_true",
+                       help="add the adversarial loss of a perturbation of the embedding output to every step")
+    for option, kind, default, help_text in SMART_OPTIONS:
+        smart.add_argument(option, type=kind, help=f"{help_text} (default {default}; needs --adv-train)")
     add_run_reporting_arguments(parser)
 
+
+
+# the original train.py's --adv_* options: flag, type, default (SmartSettings'), help
+SMART_OPTIONS = (
+    ("--adv-alpha", nonnegative_float, 1.0, "weight of the adversarial loss"),
+    ("--adv-k", positive_int, 1, "ascent steps on the noise"),
+    ("--adv-step-size", nonnegative_float, 1e-5, "size of each ascent step"),
+    ("--adv-noise-var", nonnegative_float, 1e-5, "scale of the initial Gaussian noise"),
+    ("--adv-epsilon", nonnegative_float, 1e-6, "added to the norm when normalising the noise"),
+    ("--adv-p-norm", str, "inf", "noise normalisation: inf, l2 or l1"),
+    ("--adv-norm-level", int, 0, "0: normalise per token; 1: per sentence"),
+)
+
+
+def _smart_settings(args):
+    """`SmartSettings` from --adv-train and the --adv-* options (None without --adv-train)."""
+    from ...errors import HfExtError
+    from .smart import SmartSettings
+
+    given = {option[2:].replace("-", "_"): getattr(args, option[2:].replace("-", "_")) for option, *_ in SMART_OPTIONS}
+    given = {name: value for name, value in given.items() if value is not None}
+    if not args.adv_train:
+        require(not given, f"--{next(iter(given), '').replace('_', '-')} needs --adv-train")
+        return None
+    try:
+        return SmartSettings(**{name.removeprefix("adv_"): value for name, value in given.items()})
+    except ValueError as error:
+        name, _, rest = str(error).partition(" ")  # "adv_p_norm must be ..." -> "--adv-p-norm must be ..."
+        raise HfExtError(f"--{name.replace('_', '-')} {rest}") from None
 
 
 def _pairs(values, option):
@@ -127,7 +163,7 @@ def _check_arguments(args):
 
 
 def _load_model(args, tasks):
-    """The model to train: an MT-DNN model, or (--task-def) a BERT model with new heads for `tasks`."""
+    """The model to train: an MT-DNN model, or (--task-def) an encoder of any type with new heads for `tasks`."""
     from transformers import AutoModel
 
     from ...errors import HfExtError
@@ -138,18 +174,18 @@ def _load_model(args, tasks):
     trust = args.trust_remote_code
     if args.task_def is None:
         load_config(args.model, MTDNNConfig.model_type, "an MT-DNN model", trust,
-                    hint=" (pass --task-def to put new heads on a BERT encoder)")
+                    hint=" (pass --task-def to put new heads on an encoder)")
         with loading("a model", args.model):
             return AutoModel.from_pretrained(args.model, trust_remote_code=trust)
     config = load_config(args.model, trust_remote_code=trust)
-    require(config.model_type == "bert", f"--task-def puts new heads on a BERT encoder, but {args.model} holds a "
-            f"{config.model_type!r} model")
+    require(config.model_type != MTDNNConfig.model_type, f"{args.model} is an MT-DNN model already: train it "
+            "without --task-def (its heads are its tasks)")
     try:
         mtdnn = config_from_task_def_yaml(args.task_def, config, task_names=tasks)
     except ValueError as error:
-        raise HfExtError(str(error)) from None
+        raise HfExtError(f"{args.model}: {error}" if "encoder" in str(error) else str(error)) from None
     with loading("a model", args.model):
-        return MTDNNModel.from_pretrained(args.model, config=mtdnn)
+        return MTDNNModel.from_pretrained_encoder(args.model, mtdnn, trust_remote_code=trust)
 
 
 def _load_tokenizer(args):
@@ -198,6 +234,7 @@ def _run(args, distill=False):
     from .training import task_metric_names, train_mtdnn
 
     train_files, eval_files, layouts = _check_arguments(args)
+    smart = _smart_settings(args)
     check_output_dir(args.output_dir, args.overwrite)
     tasks = list(dict.fromkeys([task for task, _ in train_files] + [task for task, _, _ in eval_files]))
     model = _load_model(args, tasks)
@@ -233,7 +270,7 @@ def _run(args, distill=False):
             **run_reporting_settings(args))
         trainer = train_mtdnn(model, train, evaluation, training_args, teachers=teachers,
                               teacher_batch_size=args.eval_batch_size, log_to_stderr=True, mix_opt=args.mix_opt,
-                              ratio=args.ratio, optimizer_name=args.optimizer,
+                              ratio=args.ratio, optimizer_name=args.optimizer, smart=smart,
                               **({"kd_loss": args.kd_loss, "kd_weight": args.kd_weight} if distill else {}))
         del teachers
         metrics = trainer.evaluate() if evaluation else {}

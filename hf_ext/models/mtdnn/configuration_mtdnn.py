@@ -1,4 +1,4 @@
-"""Configuration of MT-DNN (Liu et al., ACL 2019): one BERT encoder shared by an ordered list of task heads."""
+"""Configuration of MT-DNN (Liu et al., ACL 2019): one encoder shared by an ordered list of task heads."""
 
 import math
 import numbers
@@ -8,7 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
-from transformers import BertConfig, PretrainedConfig
+from transformers import AutoConfig, BertConfig, PretrainedConfig
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 TASK_TYPES = ("classification", "regression", "ranking")
 HEAD_TYPES = ("linear", "san")
@@ -32,8 +34,10 @@ ORIGINAL_TASK_KEYS = ("task_type", "n_class", "data_format", "enable_san", "drop
 TASK_KEYS = ("name", "type", "num_labels", "head", "dropout", "data_format", "labels", "group_size", "metrics",
              "kd_loss", "split_names", "san")
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+# checked where the encoder's config has them (type_vocab_size is not: DeBERTa's 0 means "no segment embeddings")
 ENCODER_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                 "max_position_embeddings", "type_vocab_size")
+                 "max_position_embeddings")
+ENCODER_EPSILONS = ("layer_norm_eps", "norm_eps")  # BERT's family and ModernBERT's names of the LayerNorm epsilon
 
 # the constants of `quoted`, copied from hf_ext.errors (remote code imports only torch, transformers and its own
 # folder; tests/test_security.py keeps them equal)
@@ -44,10 +48,13 @@ _SHORT_REPR.maxlevel, _SHORT_REPR.maxstring, _SHORT_REPR.maxother = 3, MAX_QUOTE
 
 class MTDNNConfig(PretrainedConfig):
     r"""
-    Configuration of an MT-DNN model: a BERT encoder and an ordered list of tasks, each with its own head.
+    Configuration of an MT-DNN model: an encoder and an ordered list of tasks, each with its own head.
 
     Args:
-        encoder (`BertConfig` or `dict`, *optional*): the shared BERT encoder.
+        encoder (`PretrainedConfig` or `dict`, *optional*): the shared encoder: the config of any bidirectional
+            transformers encoder (a model type with a masked-LM head: BERT, RoBERTa, XLM-RoBERTa, DeBERTa,
+            DeBERTa-v2/v3, ELECTRA, ModernBERT, ...); a dict holds its `model_type` (BERT when it has none, as in
+            folders written before other encoders were supported). A BERT encoder by default.
         tasks (`list[dict]`): the tasks in the original's order (task id = position). Each task has
             - `name` (`str`): letters, digits, `-` and `_`;
             - `type` (`str`): `"classification"`, `"regression"` or `"ranking"`;
@@ -72,11 +79,11 @@ class MTDNNConfig(PretrainedConfig):
     """
 
     model_type = "mt-dnn"
-    sub_configs = {"encoder": BertConfig}
+    sub_configs = {"encoder": AutoConfig}
 
     def __init__(self, encoder=None, tasks=None, default_task=None, tie_word_embeddings=False, **kwargs):
         if isinstance(encoder, dict):
-            encoder = BertConfig(**{k: v for k, v in encoder.items() if k != "model_type"})
+            encoder = encoder_config_from_dict(encoder)
         self.encoder = encoder if encoder is not None else BertConfig()
         self.tasks = [normalize_task(task) for task in (tasks or [])]
         self.default_task = default_task
@@ -86,7 +93,7 @@ class MTDNNConfig(PretrainedConfig):
 
     def validate_mtdnn(self) -> None:
         """Raise `ValueError` with one clear line for a configuration the model cannot run."""
-        _check_sizes(self.encoder, "encoder", ENCODER_SIZES, "hidden_size", "num_attention_heads", "layer_norm_eps")
+        check_encoder(self.encoder)
         names = [task["name"] for task in self.tasks]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
@@ -94,8 +101,8 @@ class MTDNNConfig(PretrainedConfig):
         if self.default_task is not None and self.default_task not in names:
             raise ValueError(f"default_task {quoted(self.default_task)} is not one of the tasks ({', '.join(names)})")
 
-    def get_text_config(self, decoder: bool | None = None, encoder: bool | None = None) -> BertConfig:
-        """The BERT encoder's config, for both ends: it holds the vocabulary, so that `resize_token_embeddings`
+    def get_text_config(self, decoder: bool | None = None, encoder: bool | None = None) -> PretrainedConfig:
+        """The encoder's config, for both ends: it holds the vocabulary, so that `resize_token_embeddings`
         updates the `vocab_size` the encoder is rebuilt from."""
         return self.encoder
 
@@ -121,7 +128,7 @@ class MTDNNConfig(PretrainedConfig):
         return self.tasks[self.task_index(task)]
 
     @classmethod
-    def from_task_defs(cls, task_defs: dict[str, dict[str, Any]], encoder_config: BertConfig | dict[str, Any],
+    def from_task_defs(cls, task_defs: dict[str, dict[str, Any]], encoder_config: PretrainedConfig | dict[str, Any],
                        task_names: list[str] | None = None, san: dict[str, Any] | None = None,
                        group_sizes: Mapping[str, int] | None = None, **kwargs: Any) -> "MTDNNConfig":
         r"""
@@ -130,7 +137,7 @@ class MTDNNConfig(PretrainedConfig):
 
         Args:
             task_defs (`dict`): the task definitions.
-            encoder_config (`BertConfig` or `dict`): the encoder.
+            encoder_config (`PretrainedConfig` or `dict`): the encoder (see the class docstring).
             task_names (`list[str]`, *optional*): which tasks, in which order (the original's `--train_datasets`
                 prefixes); all of `task_defs`, in their order, when unset.
             san (`dict`, *optional*): SAN settings for every SAN head (keys of `san` in the class docstring).
@@ -149,6 +156,32 @@ class MTDNNConfig(PretrainedConfig):
             raise ValueError(f"group sizes given for unknown task(s) {', '.join(unknown)}")
         tasks = [task_from_original(name, task_defs[name], san, group_sizes.get(name)) for name in names]
         return cls(encoder=encoder_config, tasks=tasks, **kwargs)
+
+
+def encoder_config_from_dict(values: dict[str, Any]) -> PretrainedConfig:
+    """The encoder's config from its dict (`model_type` picks the class; BERT without one)."""
+    values = dict(values)
+    model_type = values.pop("model_type", "bert")
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(f"encoder model_type {quoted(model_type)} is not a model type transformers knows")
+    return CONFIG_MAPPING[model_type](**values)
+
+
+def check_encoder(config: PretrainedConfig) -> None:
+    """`ValueError` with one line unless `config` is a bidirectional encoder the heads can read: a model type with a
+    masked-LM head (what sets BERT's family apart from causal language models, some of which have sequence or token
+    classifiers too), not an encoder-decoder, not set up as a decoder, with sane sizes."""
+    if not isinstance(config, PretrainedConfig):
+        raise ValueError(f"the encoder must be a transformers config, got {type(config).__name__}")
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(f"the encoder must be an encoder model, but {config.model_type!r} is an encoder-decoder")
+    if config.model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES or getattr(config, "is_decoder", False):
+        raise ValueError(f"the encoder must be a bidirectional encoder (BERT, RoBERTa, DeBERTa, ELECTRA, ModernBERT, "
+                         f"...), but {config.model_type!r} is not one (a causal language model?)")
+    epsilons = [name for name in ENCODER_EPSILONS if hasattr(config, name)]
+    if epsilons and hasattr(config, "num_attention_heads"):
+        _check_sizes(config, "encoder", [name for name in ENCODER_SIZES if hasattr(config, name)], "hidden_size",
+                     "num_attention_heads", epsilons[0])
 
 
 def task_from_original(name: str, definition: dict[str, Any], san: dict[str, Any] | None = None,

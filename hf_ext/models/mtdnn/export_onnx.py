@@ -29,8 +29,8 @@ class MTDNNHeads(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        sequence_output = self.model.bert(input_ids=input_ids, attention_mask=attention_mask,
-                                          token_type_ids=token_type_ids).last_hidden_state
+        sequence_output = self.model.encode(input_ids=input_ids, attention_mask=attention_mask,
+                                            token_type_ids=token_type_ids).last_hidden_state
         return tuple(self.model.head_logits(name, sequence_output, token_type_ids, attention_mask)[0]
                      for name in self.task_names)
 

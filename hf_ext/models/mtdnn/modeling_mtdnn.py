@@ -1,4 +1,10 @@
-"""MT-DNN (Liu et al., ACL 2019): a shared BERT encoder with one head per task, as in namisan/mt-dnn.
+"""MT-DNN (Liu et al., ACL 2019): a shared encoder with one head per task, as in namisan/mt-dnn.
+
+The encoder is any bidirectional transformers encoder (BERT, RoBERTa, XLM-RoBERTa, DeBERTa, DeBERTa-v2/v3, ELECTRA,
+ModernBERT, ...), built with `AutoModel`. It sits at `bert` whatever its type, as in the original
+(`SANBertNetwork.bert` holds its RoBERTa, DeBERTa or ELECTRA encoder too), so state-dict keys match the original's.
+Every head reads the first token's final hidden state, as the original does for every encoder type (its task
+Pooler reads `last_hidden_state[:, 0]`; no encoder's own pooler is used), so encoders without a pooler need none.
 
 Heads, exactly as the original (HEAD 3228e7c):
 - linear: `out_proj(dense(dropout(h_[CLS])))`. The task "Pooler" has no activation: the original's activation
@@ -11,6 +17,7 @@ Regression heads output a raw score [B, 1]; ranking heads one score per (premise
 loss is a cross-entropy over each group of K rows (the original's RankCeCriterion).
 """
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,9 +26,10 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers import BertModel, PreTrainedModel
+from transformers import AutoModel, PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_outputs import SequenceClassifierOutput
+from transformers.modeling_outputs import BaseModelOutput, SequenceClassifierOutput
+from transformers.models.auto.modeling_auto import MODEL_MAPPING
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_mtdnn import MTDNNConfig
@@ -81,6 +89,12 @@ def premise_hypothesis_masks(token_type_ids: torch.Tensor, attention_mask: torch
     real = attention_mask.bool()
     hypothesis = token_type_ids.bool()
     return ~(real & ~hypothesis), ~(real & hypothesis)
+
+
+def build_encoder(config: PretrainedConfig) -> PreTrainedModel:
+    """The encoder for `config` (`AutoModel`), without its pooling layer where its class has one: no head reads it."""
+    parameters = inspect.signature(MODEL_MAPPING[type(config)].__init__).parameters
+    return AutoModel.from_config(config, **({"add_pooling_layer": False} if "add_pooling_layer" in parameters else {}))
 
 
 def variational_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -184,10 +198,10 @@ def task_loss(task: dict[str, Any], logits: torch.Tensor, labels: torch.Tensor, 
 
 class MTDNNPreTrainedModel(PreTrainedModel):
     config: MTDNNConfig
-    base_model_prefix = "bert"  # a BERT checkpoint loads into the encoder, the heads start fresh
+    base_model_prefix = "bert"  # an encoder's checkpoint loads into the encoder, the heads start fresh
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["BertLayer"]
+    # the attention implementation and the modules not to split are the encoder's own (post_init collects the latter)
     _supports_sdpa = True
     _supports_attention_backend = True
     # Trainer: the loss is a batch mean, not normalised across gradient-accumulation steps.
@@ -223,7 +237,10 @@ class MTDNNModel(MTDNNPreTrainedModel):
         if not config.tasks:
             raise ValueError("the MTDNNConfig has no tasks")
         hidden = config.encoder.hidden_size
-        self.bert = BertModel(config.encoder, add_pooling_layer=False)  # the original's BERT pooler is never read
+        self.bert = build_encoder(config.encoder)
+        forward = inspect.signature(self.bert.forward).parameters
+        # segment ids reach the encoder where it has segment embeddings (BERT, ELECTRA, ALBERT); SAN masks read them
+        self.encoder_reads_segments = "token_type_ids" in forward and getattr(config.encoder, "type_vocab_size", 0) > 1
         self.heads = nn.ModuleDict({
             task["name"]: MTDNNSANHead(hidden, task["num_labels"], task["dropout"], task["san"])
             if task["head"] == "san" else MTDNNLinearHead(hidden, task["num_labels"], task["dropout"])
@@ -231,11 +248,45 @@ class MTDNNModel(MTDNNPreTrainedModel):
         })
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.bert.embeddings.word_embeddings
+    def get_input_embeddings(self) -> nn.Module:
+        return self.bert.get_input_embeddings()
 
     def set_input_embeddings(self, value: nn.Module) -> None:
-        self.bert.embeddings.word_embeddings = value
+        self.bert.set_input_embeddings(value)
+
+    @classmethod
+    def from_pretrained_encoder(cls, encoder: str | PreTrainedModel, config: MTDNNConfig, **kwargs: Any,
+                                ) -> "MTDNNModel":
+        """A new model for `config` whose encoder starts from a pretrained encoder (a folder or Hub id, loaded with
+        `AutoModel.from_pretrained(encoder, **kwargs)`, or a loaded model) and whose heads start fresh. The
+        encoder's type and sizes must be `config.encoder`'s (`ValueError` otherwise); its pooler, which no head reads,
+        is left out."""
+        if not isinstance(encoder, PreTrainedModel):
+            encoder = AutoModel.from_pretrained(encoder, **kwargs)
+        if encoder.config.model_type != config.encoder.model_type:
+            raise ValueError(f"the pretrained encoder is of type {encoder.config.model_type}, the config's encoder of "
+                             f"type {config.encoder.model_type}")
+        model = cls(config)
+        misfit = f"the pretrained {encoder.config.model_type} encoder does not fit the config's encoder"
+        try:
+            missing, unexpected = model.bert.load_state_dict(encoder.state_dict(), strict=False)
+        except RuntimeError as error:  # weights of other shapes
+            raise ValueError(f"{misfit}: {str(error).splitlines()[-1].strip()}") from None
+        unexpected = [key for key in unexpected if not key.startswith("pooler.")]
+        if missing or unexpected:
+            raise ValueError(f"{misfit}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        return model
+
+    def encode(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.LongTensor | None = None,
+               token_type_ids: torch.LongTensor | None = None, position_ids: torch.LongTensor | None = None,
+               inputs_embeds: torch.FloatTensor | None = None, **kwargs: Any) -> BaseModelOutput:
+        """The encoder's output; `token_type_ids` reach it only where it has segment embeddings."""
+        if self.encoder_reads_segments:
+            kwargs["token_type_ids"] = token_type_ids
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids
+        return self.bert(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                         return_dict=True, **kwargs)
 
     def resolve_task(self, task: str | int | torch.Tensor | Sequence[str | int] | None) -> dict[str, Any]:
         """A batch's task (name, index, or a tensor/list of one repeated id or name) -> the task's settings."""
@@ -313,13 +364,13 @@ class MTDNNModel(MTDNNPreTrainedModel):
             if mask is not None and (mask.shape != shape or mask.dtype != torch.bool):
                 raise ValueError(f"{name} must be a bool tensor (True = excluded) of the input's shape {tuple(shape)}, "
                                  f"got {mask.dtype} {tuple(mask.shape)}")
-        encoder_outputs = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                                    position_ids=position_ids, inputs_embeds=inputs_embeds, return_dict=True,
-                                    output_attentions=(self.config.output_attentions if output_attentions is None
-                                                       else output_attentions),
-                                    output_hidden_states=(self.config.output_hidden_states
-                                                          if output_hidden_states is None else output_hidden_states),
-                                    **kwargs)
+        encoder_outputs = self.encode(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                                      position_ids=position_ids, inputs_embeds=inputs_embeds,
+                                      output_attentions=(self.config.output_attentions if output_attentions is None
+                                                         else output_attentions),
+                                      output_hidden_states=(self.config.output_hidden_states
+                                                            if output_hidden_states is None else output_hidden_states),
+                                      **kwargs)
         logits, san_states = self.head_logits(spec["name"], encoder_outputs.last_hidden_state, token_type_ids,
                                               attention_mask, premise_mask, hypothesis_mask, output_san_states)
         group_logits = None

@@ -7,13 +7,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import yaml
-from transformers import BertConfig
+from transformers import PretrainedConfig
 
 from ...text_files import BoundedYamlLoader
 from .configuration_mtdnn import MTDNNConfig
 
 
-def config_from_task_def_yaml(path_or_text: str | os.PathLike, encoder_config: BertConfig | dict[str, Any],
+def config_from_task_def_yaml(path_or_text: str | os.PathLike, encoder_config: PretrainedConfig | dict[str, Any],
                               task_names: list[str] | None = None, san: dict[str, Any] | None = None,
                               group_sizes: Mapping[str, int] | None = None, **kwargs: Any) -> MTDNNConfig:
     """`MTDNNConfig.from_task_defs` on a task-definition YAML file (the original's `glue_task_def.yml` format) or

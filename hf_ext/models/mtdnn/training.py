@@ -21,6 +21,7 @@ from ...trainer import TermLoggingTrainer, send_logs_to_stderr, training_argumen
 from .data import MTDNNCollator, MultiTaskBatchSampler, MultiTaskDataset
 from .distillation import KD_LOSSES, add_soft_labels, distillation_loss
 from .modeling_mtdnn import MTDNNModel
+from .smart import SmartSettings, adversarial_loss
 
 if TYPE_CHECKING:  # datasets and peft are imported only when used
     from datasets import Dataset
@@ -76,13 +77,16 @@ class MTDNNTrainer(TermLoggingTrainer):
       `distillation_loss`) to the task loss.
     - Under DDP, heads unused in a step are left to DDP's unused-parameter search: `args.ddp_find_unused_parameters`
       unset becomes True; False is refused.
+    - `smart` (`SmartSettings`): SMART adversarial training as the original's `--adv_train` (`smart.py`): every
+      training step adds `smart.alpha` times the adversarial loss to the task loss, logged as `adv_loss`.
     - `optimizer_name="adamax"` trains with the original's optimizer (`torch.optim.Adamax` with the arguments'
       learning rate, betas, epsilon and weight decay, under the arguments' schedule, e.g. linear decay after a 0.1
       warm-up as the paper); the default `"adamw"` is Trainer's own (`args.optim`).
     """
 
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None, *,
-                 mix_opt=0, ratio=0.0, kd_loss="soft_ce", kd_weight=1.0, optimizer_name="adamw", **kwargs):
+                 mix_opt=0, ratio=0.0, kd_loss="soft_ce", kd_weight=1.0, optimizer_name="adamw",
+                 smart: SmartSettings | None = None, **kwargs):
         if optimizer_name not in OPTIMIZERS:
             raise ValueError(f"optimizer_name must be one of {', '.join(OPTIMIZERS)}, got {optimizer_name!r}")
         if optimizer_name == "adamax" and args is not None:
@@ -109,7 +113,9 @@ class MTDNNTrainer(TermLoggingTrainer):
             data_collator = MTDNNCollator(pad_token_id=self.mtdnn_config.encoder.pad_token_id or 0)
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, logged_terms=[f"loss_{name}" for name in
-                                                                  self.mtdnn_config.task_names], **kwargs)
+                                                                  self.mtdnn_config.task_names]
+                         + (["adv_loss"] if smart is not None else []), **kwargs)
+        self.smart = smart
         self.mix_opt = mix_opt
         self.ratio = ratio
         self.kd_loss = kd_loss
@@ -151,6 +157,12 @@ class MTDNNTrainer(TermLoggingTrainer):
             outputs["loss"] = loss
         if model.training and loss is not None:
             self.record_term(model, f"loss_{spec['name']}", loss)
+            if self.smart is not None:  # the task's logged loss is without the adversarial term, logged on its own
+                adversarial = adversarial_loss(unwrap(model), spec, outputs.logits, inputs, self.smart)
+                if adversarial is not None:
+                    self.record_term(model, "adv_loss", adversarial)
+                    loss = loss + self.smart.alpha * adversarial
+                    outputs["loss"] = loss
         return (loss, outputs) if return_outputs else loss
 
     def evaluation_loop(self, dataloader: DataLoader, description: str, prediction_loss_only: bool | None = None,
@@ -193,7 +205,7 @@ def train_mtdnn(model: "MTDNNModel | PeftModel", train_dataset: dict[str, "Datas
     return trainer
 
 
-TRAINER_SETTINGS = ("mix_opt", "ratio", "kd_loss", "kd_weight", "optimizer_name")
+TRAINER_SETTINGS = ("mix_opt", "ratio", "kd_loss", "kd_weight", "optimizer_name", "smart")
 
 
 __all__ = ["MTDNNTrainer", "OPTIMIZERS", "evaluate_task", "task_metric_names", "task_predictions", "train_mtdnn"]
