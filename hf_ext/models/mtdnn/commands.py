@@ -3,11 +3,13 @@ evaluation and best-checkpoint selection, LoRA, SMART adversarial training, and 
 (MT-DNN-KD)."""
 
 import argparse
+import dataclasses
 
 from ...arguments import fraction, nonnegative_float, number_in, positive_float, positive_int
 from ...cli_utils import add_model_argument, add_run_reporting_arguments, model_commands, run_reporting_settings
 from ...errors import require
 from . import conversion
+from .smart import SmartSettings
 
 # the original train.py's defaults (--epochs, --batch_size, --learning_rate, --warmup, --global_grad_clipping, --seed,
 # --max_seq_len)
@@ -100,36 +102,37 @@ def _add_training_arguments(parser):
     smart = parser.add_argument_group("SMART adversarial training (the original's --adv_* options and defaults)")
     smart.add_argument("--adv-train", action="store_true",
                        help="add the adversarial loss of a perturbation of the embedding output to every step")
-    for option, kind, default, help_text in SMART_OPTIONS:
-        smart.add_argument(option, type=kind, help=f"{help_text} (default {default}; needs --adv-train)")
+    defaults = {field.name: field.default for field in dataclasses.fields(SmartSettings)}
+    for name, kind, help_text in SMART_OPTIONS:
+        smart.add_argument(f"--adv-{name.replace('_', '-')}", type=kind,
+                           help=f"{help_text} (default {defaults[name]}; needs --adv-train)")
     add_run_reporting_arguments(parser)
 
 
 
-# the original train.py's --adv_* options: flag, type, default (SmartSettings'), help
+# SmartSettings' fields as the original train.py's --adv_* options (defaults are the fields'): field, type, help
 SMART_OPTIONS = (
-    ("--adv-alpha", nonnegative_float, 1.0, "weight of the adversarial loss"),
-    ("--adv-k", positive_int, 1, "ascent steps on the noise"),
-    ("--adv-step-size", nonnegative_float, 1e-5, "size of each ascent step"),
-    ("--adv-noise-var", nonnegative_float, 1e-5, "scale of the initial Gaussian noise"),
-    ("--adv-epsilon", nonnegative_float, 1e-6, "added to the norm when normalising the noise"),
-    ("--adv-p-norm", str, "inf", "noise normalisation: inf, l2 or l1"),
-    ("--adv-norm-level", int, 0, "0: normalise per token; 1: per sentence"),
+    ("alpha", nonnegative_float, "weight of the adversarial loss"),
+    ("k", positive_int, "ascent steps on the noise"),
+    ("step_size", nonnegative_float, "size of each ascent step"),
+    ("noise_var", nonnegative_float, "scale of the initial Gaussian noise"),
+    ("epsilon", nonnegative_float, "added to the norm when normalising the noise"),
+    ("p_norm", str, "noise normalisation: inf, l2 or l1"),
+    ("norm_level", int, "0: normalise per token; 1: per sentence"),
 )
 
 
 def _smart_settings(args):
     """`SmartSettings` from --adv-train and the --adv-* options (None without --adv-train)."""
     from ...errors import HfExtError
-    from .smart import SmartSettings
 
-    given = {option[2:].replace("-", "_"): getattr(args, option[2:].replace("-", "_")) for option, *_ in SMART_OPTIONS}
-    given = {name: value for name, value in given.items() if value is not None}
+    given = {name: getattr(args, f"adv_{name}") for name, *_ in SMART_OPTIONS
+             if getattr(args, f"adv_{name}") is not None}
     if not args.adv_train:
-        require(not given, f"--{next(iter(given), '').replace('_', '-')} needs --adv-train")
+        require(not given, f"--adv-{next(iter(given), '').replace('_', '-')} needs --adv-train")
         return None
     try:
-        return SmartSettings(**{name.removeprefix("adv_"): value for name, value in given.items()})
+        return SmartSettings(**given)
     except ValueError as error:
         name, _, rest = str(error).partition(" ")  # "adv_p_norm must be ..." -> "--adv-p-norm must be ..."
         raise HfExtError(f"--{name.replace('_', '-')} {rest}") from None
@@ -169,6 +172,7 @@ def _load_model(args, tasks):
     from ...errors import HfExtError
     from ...loading import load_config, loading
     from . import MTDNNConfig, MTDNNModel
+    from .configuration_mtdnn import check_encoder
     from .task_defs import config_from_task_def_yaml
 
     trust = args.trust_remote_code
@@ -181,9 +185,13 @@ def _load_model(args, tasks):
     require(config.model_type != MTDNNConfig.model_type, f"{args.model} is an MT-DNN model already: train it "
             "without --task-def (its heads are its tasks)")
     try:
+        check_encoder(config)
+    except ValueError as error:
+        raise HfExtError(f"{args.model}: {error}") from None
+    try:
         mtdnn = config_from_task_def_yaml(args.task_def, config, task_names=tasks)
     except ValueError as error:
-        raise HfExtError(f"{args.model}: {error}" if "encoder" in str(error) else str(error)) from None
+        raise HfExtError(str(error)) from None
     with loading("a model", args.model):
         return MTDNNModel.from_pretrained_encoder(args.model, mtdnn, trust_remote_code=trust)
 

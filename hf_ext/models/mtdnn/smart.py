@@ -24,6 +24,7 @@ Where the original breaks, this port computes what its code means: only `inf` pe
 compares scores row by row and ranking compares the grouped `(B, K)` scores on both sides.
 """
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +53,7 @@ class SmartSettings:
             raise ValueError(f"adv_k must be a positive integer, got {self.k!r}")
         for name in ("alpha", "step_size", "noise_var", "epsilon"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and value >= 0 and value == value and value != float("inf")):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"adv_{name} must be a finite number >= 0, got {value!r}")
 
 
