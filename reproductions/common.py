@@ -1,16 +1,29 @@
-"""What the reproduction scripts share: their command line (`--quick`, `--output`, `--plot`, `--seed`,
-`--threads`), the Markdown table they print and the JSON file they write.
+"""What the reproduction scripts share: their command line (`--quick`, `--output`, `--plot`, `--seeds`, `--jobs`,
+`--threads`), the run over several seeds, the Markdown tables they print and the results file they write.
 
-Each script trains from scratch on a CPU within its stated budget, prints a table of its figures beside the paper's,
-writes every figure with `--output FILE.json` and draws its plot with `--plot FILE.png` (matplotlib, the `plots`
-extra). `--quick` runs the same code on tiny sizes as a smoke test: its numbers are not results.
+Each script trains from scratch on a CPU within its stated budget, once per seed (`--seeds`, three by default, in
+`--jobs` processes at once), prints its tables as mean and standard deviation over the seeds beside the paper's
+numbers, writes every figure of every seed with where it came from (the commit, the command, the machine) to
+`--output FILE.json` and draws its plot with `--plot FILE.png` (matplotlib, the `plots` extra). `--quick` runs the
+same code on tiny sizes as a smoke test: its numbers are not results.
+
+A script defines `run(args) -> dict` (one seed, `args.seed`: its figures), `tables(results) -> str` (the Markdown
+it prints and the page shows, over `results["per_seed"]`) and optionally `draw(pyplot, results, path)`, and calls
+`main(parser, run, tables, draw)`.
 """
 
 import argparse
+import datetime
 import json
+import multiprocessing
 import os
 import platform
+import shlex
+import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -18,29 +31,127 @@ import transformers
 
 from hf_ext.extras import install_command
 
+REPOSITORY = Path(__file__).resolve().parent.parent
+DEFAULT_SEEDS = (0, 1, 2)
+
 
 def reproduction_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of the code, not a result")
     parser.add_argument("--output", type=Path, help="write every figure to this JSON file")
     parser.add_argument("--plot", type=Path, help="draw the figure to this PNG file (needs matplotlib)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the data and the weights (default 0)")
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's, one per core)")
+    parser.add_argument("--seeds", type=int, nargs="+",
+                        help="seeds of the data and the weights, one run each (default 0 1 2; --quick: 0)")
+    parser.add_argument("--jobs", type=int, default=1, help="seeds run at once, one process each (default 1)")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads of each run (default: torch's)")
     return parser
 
 
-def start(args: argparse.Namespace) -> float:
-    """Apply --threads and --seed, silence transformers' notices, print what the run is on; returns the start time."""
+def machine() -> str:
+    """The processor, as Linux names it (`platform.processor()` is empty there), and the core count."""
+    model = platform.processor()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                      if line.startswith("model name")), model)
+    return f"{platform.machine()}, {model or 'unknown processor'}, {os.cpu_count()} CPU cores"
+
+
+def start(args: argparse.Namespace) -> None:
+    """Apply --threads and the run's seed, silence transformers' notices, print what the run is on."""
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads), transformers {transformers.__version__}; load {load:.2f}; "
-          f"{'QUICK smoke run (not a result)' if args.quick else 'full run'}; seed {args.seed}", flush=True)
-    return time.perf_counter()
+    print(f"seed {args.seed}: {machine()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+          f"transformers {transformers.__version__}; load {load:.2f}; "
+          f"{'QUICK smoke run (not a result)' if args.quick else 'full run'}", flush=True)
+
+
+def commit() -> str:
+    """The checkout's commit, `+changes` when it has uncommitted changes; `unknown` outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPOSITORY, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPOSITORY,
+                                 capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if changed else "")
+
+
+def _run_seed(run: Callable[[argparse.Namespace], dict], args: argparse.Namespace, seed: int) -> dict:
+    args = argparse.Namespace(**{**vars(args), "seed": seed})
+    start(args)
+    started = time.perf_counter()
+    figures = run(args)
+    seconds = round(time.perf_counter() - started, 1)
+    print(f"seed {seed}: {seconds} s", flush=True)
+    return {"seed": seed, "seconds": seconds, **figures}
+
+
+def main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], dict],
+         tables: Callable[[dict], str], draw: Callable | None = None, argv: Sequence[str] | None = None,
+         prepare: Callable[[argparse.Namespace], None] | None = None) -> dict:
+    """Run `run` once per seed, print `tables` over them, write the results file and the plot; returns the results.
+    `prepare` completes the parsed arguments (defaults that depend on others)."""
+    args = parser.parse_args(argv)
+    if prepare is not None:
+        prepare(args)
+    seeds = args.seeds or ([0] if args.quick else list(DEFAULT_SEEDS))
+    if len(set(seeds)) != len(seeds):
+        parser.error(f"--seeds: a seed is given twice: {seeds}")
+    pyplot = plotting(args) if draw is not None else None  # a missing matplotlib stops the run before it starts
+    started = time.perf_counter()
+    if args.jobs > 1 and len(seeds) > 1:
+        # spawned, not forked: each run starts its own torch thread pool
+        with multiprocessing.get_context("spawn").Pool(min(args.jobs, len(seeds))) as pool:
+            per_seed = pool.starmap(_run_seed, [(run, args, seed) for seed in seeds])
+    else:
+        per_seed = [_run_seed(run, args, seed) for seed in seeds]
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(REPOSITORY) if script.is_relative_to(REPOSITORY) else script.name
+    results = {
+        "script": str(shown), "command": shlex.join(["python", str(shown), *(sys.argv[1:] if argv is None else argv)]),
+        "commit": commit(), "date": datetime.date.today().isoformat(), "machine": machine(),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__},
+        "quick": args.quick, "seeds": seeds, "seconds": round(time.perf_counter() - started, 1),
+        "per_seed": per_seed,
+    }
+    print("\n" + tables(results) + "\n")
+    print(f"seconds: {results['seconds']} for {len(seeds)} seed(s)")
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        partial = args.output.with_name(args.output.name + ".partial")
+        partial.write_text(json.dumps(results, indent=2) + "\n")
+        partial.replace(args.output)
+        print(f"wrote {args.output}")
+    if pyplot is not None:
+        draw(pyplot, results, args.plot)
+        print(f"wrote {args.plot}")
+    return results
+
+
+def values(results: dict, read: Callable[[dict], float]) -> list[float]:
+    """One figure of every seed: `read` picks it out of a seed's results."""
+    return [float(read(seed)) for seed in results["per_seed"]]
+
+
+def spread(numbers: Sequence[float], digits: int = 2, scale: float = 1.0) -> str:
+    """Mean ± standard deviation (over the seeds, n-1); the mean alone for one seed."""
+    mean = statistics.fmean(numbers) * scale
+    if len(numbers) < 2:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {statistics.stdev(numbers) * scale:.{digits}f}"
+
+
+def holds(results: dict, claim: Callable[[dict], bool]) -> str:
+    """In how many seeds a claim about one seed's figures holds, e.g. "3 of 3"."""
+    count = sum(bool(claim(seed)) for seed in results["per_seed"])
+    return f"{count} of {len(results['per_seed'])}"
 
 
 def markdown_table(headers: list[str], rows: list[list]) -> str:
@@ -51,18 +162,6 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def finish(args: argparse.Namespace, started: float, results: dict) -> dict:
-    """Add the run's settings and seconds to `results`, write them to --output, and return them."""
-    results = {"quick": args.quick, "seed": args.seed, "seconds": round(time.perf_counter() - started, 1),
-               "versions": {"torch": torch.__version__, "transformers": transformers.__version__}, **results}
-    print(f"seconds: {results['seconds']}")
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"wrote {args.output}")
-    return results
 
 
 def plotting(args: argparse.Namespace):

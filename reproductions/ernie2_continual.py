@@ -8,9 +8,9 @@ Corpus: the docstrings of Python's standard library (real English prose, cased, 
 every Python), one document per module; a tenth of the modules are held out for evaluation. Model: a small ERNIE
 (`Ernie2ForPreTraining`) trained from scratch with `continual_pretraining`, the package's staged Trainer.
 
-About 7 minutes of CPU time, one thread:
+About 7 minutes of CPU time per seed, one thread:
 
-    python reproductions/ernie2_continual.py --output ernie2.json --plot ernie2.png
+    python reproductions/ernie2_continual.py --jobs 2 --threads 1 --output ernie2.json --plot ernie2.png
 """
 
 import importlib
@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from common import finish, markdown_table, plotting, reproduction_parser, start
+from common import holds, main, markdown_table, reproduction_parser, spread, values
 from transformers import BertTokenizer, TrainingArguments
 
 from hf_ext.models.ernie2 import Ernie2ForPreTraining, Ernie2PreTrainingConfig
@@ -30,7 +30,7 @@ from hf_ext.models.ernie2.schedule import PAPER_SCHEDULE, ContinualSchedule
 from hf_ext.models.ernie2.training import continual_pretraining
 from hf_ext.sample_text import train_bert_vocab
 
-RESULT_KEYS = ["corpus", "schemes", "tasks", "held_out_loss", "forgetting"]
+RESULT_KEYS = ["corpus", "schemes", "tasks", "held_out_loss", "forgetting"]  # of each seed
 
 # Modules whose docstrings are long English prose; any that an interpreter lacks is skipped (the JSON lists those used).
 MODULES = (
@@ -128,17 +128,20 @@ def held_out_loss(model, datasets, collator, batch_size: int) -> dict[str, float
     return losses
 
 
-def main(argv=None):
+def parser():
     parser = reproduction_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--steps-per-task", type=int, default=400, help="optimizer steps of each task (default 400)")
-    args = parser.parse_args(argv)
-    started = start(args)
+    return parser
+
+
+def run(args) -> dict:
+    """One seed: the same fresh model trained with both schemes, each task's held-out loss after every stage."""
     steps, batch_size, hidden, vocab = (6, 8, 32, 300) if args.quick else (args.steps_per_task, 32, 128, 2000)
     records, modules = stdlib_corpus(limit=12 if args.quick else None)
     train_records = [r for i, r in enumerate(records) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
     eval_records = [r for i, r in enumerate(records) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]
     sentences = [s for record in train_records for paragraph in record["paragraphs"] for s in paragraph]
-    print(f"corpus: {len(modules)} standard-library modules, {len(sentences)} training sentences, "
+    print(f"seed {args.seed}: corpus: {len(modules)} standard-library modules, {len(sentences)} training sentences, "
           f"{len(eval_records)} held-out documents", flush=True)
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -160,7 +163,7 @@ def main(argv=None):
                                          learning_rate=1e-3, warmup_steps=0, save_strategy="no", report_to=[],
                                          logging_steps=max(1, steps // 4), seed=args.seed, use_cpu=True,
                                          disable_tqdm=True)
-            print(f"{scheme}: {len(schedule.stages)} stages, "
+            print(f"seed {args.seed}: {scheme}: {len(schedule.stages)} stages, "
                   + "; ".join(", ".join(f"{t} {n}" for t, n in stage.steps.items()) for stage in schedule.stages),
                   flush=True)
             continual_pretraining(model, schedule, train, training, data_collator=collator, log_to_stderr=True)
@@ -168,39 +171,14 @@ def main(argv=None):
             for index in range(len(schedule.stages)):
                 stage_model = Ernie2ForPreTraining.from_pretrained(out / f"stage-{index + 1}" / "model")
                 results[scheme].append(held_out_loss(stage_model, held_out, collator, 64))
-                print(f"  after stage {index + 1}: " + ", ".join(f"{t} {v:.3f}" for t, v in
-                                                               results[scheme][-1].items()), flush=True)
+                print(f"seed {args.seed}: {scheme}, after stage {index + 1}: " + ", ".join(
+                    f"{t} {v:.3f}" for t, v in results[scheme][-1].items()), flush=True)
 
-    # forgetting: how much a task's held-out loss rose from the end of the stage that trained it last in the
-    # sequential scheme (its own stage) to the end of the run
+    # forgetting: how much a task's held-out loss rose from the end of the stage that introduces it (in the
+    # sequential scheme, the stage that trains it last) to the end of the run
     forgetting = {scheme: {task: losses[-1][task] - losses[TASKS.index(task)][task] for task in TASKS[:-1]}
                   for scheme, losses in results.items()}
-    rows = [[task, results["continual"][TASKS.index(task)][task], results["continual"][-1][task],
-             results["sequential"][TASKS.index(task)][task], results["sequential"][-1][task]] for task in TASKS]
-    print("\nheld-out loss of each task: at the end of the stage that introduces it, and after the last stage\n")
-    print(markdown_table(["task", "continual, own stage", "continual, last stage", "sequential, own stage",
-                          "sequential, last stage"], rows))
-    print("\nrise after its own stage (forgetting): " + "; ".join(
-        f"{scheme}: " + ", ".join(f"{t} {v:+.3f}" for t, v in values.items()) for scheme, values in forgetting.items()))
-
-    pyplot = plotting(args)
-    if pyplot is not None:
-        figure, axes = pyplot.subplots(1, len(TASKS), figsize=(4 * len(TASKS), 3.4))
-        for axis, task in zip(axes, TASKS, strict=True):
-            for scheme, style in (("continual", "-o"), ("sequential", "--s")):
-                axis.plot(range(1, len(TASKS) + 1), [losses[task] for losses in results[scheme]], style, label=scheme)
-            axis.axvline(TASKS.index(task) + 1, color="grey", lw=0.8, ls=":")
-            axis.set_title(task.replace("_", " "))
-            axis.set_xlabel("after stage")
-            axis.set_xticks(range(1, len(TASKS) + 1))
-        axes[0].set_ylabel("held-out loss")
-        axes[0].legend()
-        figure.suptitle("ERNIE 2.0: continual vs sequential multi-task learning (dotted: the task's first stage)")
-        figure.tight_layout()
-        figure.savefig(args.plot, dpi=120)
-        print(f"wrote {args.plot}")
-
-    finish(args, started, {
+    return {
         "corpus": {"source": "Python standard library docstrings", "modules": modules,
                    "held_out_every": HELD_OUT_EVERY, "training_sentences": len(sentences)},
         "model": {"hidden_size": hidden, "layers": 2, "vocab_size": len(tokenizer)},
@@ -209,8 +187,65 @@ def main(argv=None):
         "tasks": list(TASKS),
         "held_out_loss": results,
         "forgetting": forgetting,
-    })
+    }
+
+
+# a rise of a held-out loss smaller than this is noise, not forgetting
+FORGETTING_MARGIN = 0.05
+
+
+def claims() -> list[tuple[str, object]]:
+    """The paper's claim, task by task, as tests of one seed's figures."""
+    found = []
+    for task in TASKS[:-1]:
+        found.append((f"continual: {task} is not forgotten (its held-out loss rises by less than "
+                      f"{FORGETTING_MARGIN} after its stage)",
+                      lambda seed, t=task: seed["forgetting"]["continual"][t] < FORGETTING_MARGIN))
+        found.append((f"sequential: {task} is forgotten (its held-out loss rises by more than {FORGETTING_MARGIN})",
+                      lambda seed, t=task: seed["forgetting"]["sequential"][t] > FORGETTING_MARGIN))
+        found.append((f"{task} ends lower under the continual scheme than under the sequential one",
+                      lambda seed, t=task: seed["held_out_loss"]["continual"][-1][t]
+                      < seed["held_out_loss"]["sequential"][-1][t]))
+    return found
+
+
+def tables(results: dict) -> str:
+    """Each task's held-out loss at the end of its stage and after the last (mean ± standard deviation over the
+    seeds), and the paper's claim, seed by seed."""
+    def loss(scheme, stage, task):
+        return spread(values(results, lambda seed: seed["held_out_loss"][scheme][stage][task]), 3)
+
+    rows = [[task, loss("continual", TASKS.index(task), task), loss("continual", -1, task),
+             loss("sequential", TASKS.index(task), task), loss("sequential", -1, task)] for task in TASKS]
+    figures = markdown_table(["task", "continual, end of its stage", "continual, after the last stage",
+                              "sequential, end of its stage", "sequential, after the last stage"], rows)
+    claim_rows = [[claim, holds(results, test)] for claim, test in claims()]
+    return figures + "\n\n" + markdown_table(["claim", "holds in (seeds)"], claim_rows)
+
+
+def draw(pyplot, results: dict, path) -> None:
+    """Each task's held-out loss after every stage, both schemes: the mean over the seeds, the standard deviation as
+    error bars."""
+    stages = range(1, len(TASKS) + 1)
+    figure, axes = pyplot.subplots(1, len(TASKS), figsize=(4 * len(TASKS), 3.4))
+    for axis, task in zip(axes, TASKS, strict=True):
+        for scheme, style in (("continual", "-o"), ("sequential", "--s")):
+            losses = torch.tensor([values(results, lambda seed, s=scheme, i=i, t=task: seed["held_out_loss"][s][i][t])
+                                   for i in range(len(TASKS))])
+            deviations = losses.std(1) if losses.shape[1] > 1 else torch.zeros(len(TASKS))
+            axis.errorbar(list(stages), losses.mean(1).tolist(), yerr=deviations.tolist(), fmt=style, capsize=3,
+                          label=scheme)
+        axis.axvline(TASKS.index(task) + 1, color="grey", lw=0.8, ls=":")
+        axis.set_title(task.replace("_", " "))
+        axis.set_xlabel("after stage")
+        axis.set_xticks(list(stages))
+    axes[0].set_ylabel("held-out loss")
+    axes[0].legend()
+    figure.suptitle("ERNIE 2.0: continual vs sequential multi-task learning (dotted: the task's first stage; "
+                    f"mean over {len(results['seeds'])} seeds)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
-    main()
+    main(parser(), run, tables, draw)

@@ -13,9 +13,9 @@ Recipe: the paper's (Adamax, linear decay after a 0.1 warm-up, gradient clipping
 0.1 elsewhere, the original's task mixing), from a freshly initialised small BERT, so with a learning rate suited
 to training from scratch instead of the paper's 5e-5 for fine-tuning BERT-base.
 
-About 12 minutes on a loaded 2-core machine:
+Three seeds, two at a time, one thread each:
 
-    python reproductions/mtdnn_multitask.py --output mtdnn.json --plot mtdnn.png
+    python reproductions/mtdnn_multitask.py --jobs 2 --threads 1 --output mtdnn.json --plot mtdnn.png
 """
 
 import tempfile
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import finish, markdown_table, plotting, reproduction_parser, start
+from common import holds, main, markdown_table, reproduction_parser, spread, values
 from transformers import BertConfig, BertTokenizer, TrainingArguments
 
 from hf_ext.models.mtdnn import MTDNNConfig, MTDNNModel
@@ -33,7 +33,7 @@ from hf_ext.models.mtdnn.training import MTDNNTrainer, evaluate_task
 from hf_ext.sample_text import train_bert_vocab
 from hf_ext.trainer import send_logs_to_stderr
 
-RESULT_KEYS = ["tasks", "single_task", "multi_task", "multi_task_fine_tuned", "distillation", "paper"]
+RESULT_KEYS = ["tasks", "single_task", "multi_task", "multi_task_fine_tuned", "distillation", "paper"]  # per seed
 
 NOUNS = ("apple", "river", "teacher", "garden", "engine", "city", "letter", "window", "horse", "market", "song",
          "bridge", "doctor", "forest", "camera", "island", "kitchen", "painter", "train", "village")
@@ -199,12 +199,15 @@ def train(model, train_sets: dict, dev_sets: dict, steps: int, seed: int, scratc
                    if name.startswith(f"eval_{task}_") and not name.endswith("_loss")} for task in dev_sets}
 
 
-def main(argv=None):
+def parser():
     parser = reproduction_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2500, help="multi-task training steps (default 2500)")
     parser.add_argument("--teachers", type=int, default=2, help="models in the distillation ensemble (default 2)")
-    args = parser.parse_args(argv)
-    started = start(args)
+    return parser
+
+
+def run(args) -> dict:
+    """One seed: RTE alone, all five tasks, then fine-tuned on RTE; teachers and a distilled student."""
     if args.quick:
         sizes = {"rte": (40, 40), "sst": (60, 30), "mnli": (60, 30), "stsb": (40, 20), "qnnli": (30, 15)}
         steps, fine_tune_steps, hidden, batch_size, teachers = 8, 4, 32, 8, 2
@@ -222,71 +225,35 @@ def main(argv=None):
         config = build_model(tokenizer, hidden, args.seed).config
         data = {split: {task: load_glue_tsv(paths[split], config, task, tokenizer, max_length=64)
                         for task, paths in files.items()} for split in ("train", "dev")}
-        print("tasks: " + ", ".join(f"{task} {len(data['train'][task])} train / {len(data['dev'][task])} dev"
-                                    for task in files), flush=True)
+        print(f"seed {args.seed}: tasks: " + ", ".join(
+            f"{task} {len(data['train'][task])} train / {len(data['dev'][task])} dev" for task in files), flush=True)
 
-        print("1. single task: RTE alone", flush=True)
+        print(f"seed {args.seed}: 1. single task: RTE alone", flush=True)
         single = train(build_model(tokenizer, hidden, args.seed), {"rte": data["train"]["rte"]},
                        {"rte": data["dev"]["rte"]}, steps, args.seed, scratch / "single", learning_rate, batch_size)
-        print("2. multi-task: all five tasks", flush=True)
+        print(f"seed {args.seed}: 2. multi-task: all five tasks", flush=True)
         multi_model = build_model(tokenizer, hidden, args.seed)
         multi = train(multi_model, data["train"], data["dev"], steps, args.seed, scratch / "multi", learning_rate,
                       batch_size)
-        print("3. multi-task, then fine-tuned on RTE", flush=True)
+        print(f"seed {args.seed}: 3. multi-task, then fine-tuned on RTE", flush=True)
         tuned = train(multi_model, {"rte": data["train"]["rte"]}, {"rte": data["dev"]["rte"]}, fine_tune_steps,
                       args.seed, scratch / "tuned", learning_rate, batch_size)
-        print(f"4. distillation: an ensemble of {teachers} multi-task teachers (seeds {args.seed + 1}..) -> student",
-              flush=True)
+        # teacher seeds lie past every run's own seed, so that no teacher is another seed's multi-task model
+        teacher_seeds = [1000 * number + args.seed for number in range(1, teachers + 1)]
+        print(f"seed {args.seed}: 4. distillation: an ensemble of {teachers} multi-task teachers (seeds "
+              f"{', '.join(map(str, teacher_seeds))}) -> student", flush=True)
         ensemble = []
-        for number in range(1, teachers + 1):
-            teacher = build_model(tokenizer, hidden, args.seed + number)
-            train(teacher, data["train"], {}, steps, args.seed + number, scratch / f"teacher{number}",
-                  learning_rate, batch_size)
+        for number, teacher_seed in enumerate(teacher_seeds, start=1):
+            teacher = build_model(tokenizer, hidden, teacher_seed)
+            train(teacher, data["train"], {}, steps, teacher_seed, scratch / f"teacher{number}", learning_rate,
+                  batch_size)
             ensemble.append(teacher)
         soft = {task: add_soft_labels(rows, ensemble, task) if task in CLASSIFICATION else rows
                 for task, rows in data["train"].items()}
         ensemble_metrics = ensemble_dev_metrics(ensemble, data["dev"], config)
         student = train(build_model(tokenizer, hidden, args.seed), soft, data["dev"], steps, args.seed,
                         scratch / "student", learning_rate, batch_size, kd_weight=1.0)
-
-    def accuracy(metrics, task):
-        return 100 * metrics[task]["accuracy"]
-
-    rows = [["RTE, single task", accuracy(single, "rte"), PAPER["rte"]["single_task"]],
-            ["RTE, multi-task", accuracy(multi, "rte"), PAPER["rte"]["multi_task"]],
-            ["RTE, multi-task + fine-tuning", accuracy(tuned, "rte"), PAPER["rte"]["multi_task"]]]
-    print("\ndev accuracy (%) of the small task, RTE (paper: MT-DNN Table 2, BERT-large vs MT-DNN)\n")
-    print(markdown_table(["model", "ours", "paper"], rows))
-    kd_rows = [[task, accuracy(multi, task), accuracy(ensemble_metrics, task), accuracy(student, task)]
-               for task in CLASSIFICATION] + [["qnnli (ranking)", accuracy(multi, "qnnli"),
-                                               accuracy(ensemble_metrics, "qnnli"), accuracy(student, "qnnli")]]
-    print("\ndev accuracy (%): hard labels vs distillation from the ensemble (paper: MT-DNN-KD Table 2, MNLI "
-          f"{PAPER['mnli']['multi_task']} -> {PAPER['mnli']['distilled']})\n")
-    print(markdown_table(["task", "multi-task, hard labels", f"ensemble of {teachers}", "student, distilled"],
-                         kd_rows))
-
-    pyplot = plotting(args)
-    if pyplot is not None:
-        figure, (left, right) = pyplot.subplots(1, 2, figsize=(11, 3.8))
-        names = ["single task", "multi-task", "multi-task\n+ fine-tuning"]
-        left.bar(names, [row[1] for row in rows], color=["#999999", "#4c72b0", "#2a4d8f"])
-        left.set_ylabel("RTE dev accuracy (%)")
-        left.set_title("the small task gains from the others")
-        left.set_ylim(40, 100)
-        positions = np.arange(len(kd_rows))
-        for offset, column, label in ((-0.27, 1, "hard labels"), (0, 2, "teacher ensemble"),
-                                      (0.27, 3, "distilled student")):
-            right.bar(positions + offset, [row[column] for row in kd_rows], width=0.27, label=label)
-        right.set_xticks(positions, [row[0] for row in kd_rows])
-        right.set_ylabel("dev accuracy (%)")
-        right.set_ylim(40, 100)
-        right.set_title("distillation from an ensemble")
-        right.legend(loc="lower right")
-        figure.tight_layout()
-        figure.savefig(args.plot, dpi=120)
-        print(f"wrote {args.plot}")
-
-    finish(args, started, {
+    return {
         "data": {"source": "generated GLUE-shaped tasks (this script)", "sizes": sizes, "label_noise": LABEL_NOISE},
         "recipe": {"optimizer": "adamax", "learning_rate": learning_rate, "warmup": 0.1, "max_grad_norm": 1.0,
                    "steps": steps, "fine_tune_steps": fine_tune_steps, "batch_size": batch_size, "hidden": hidden},
@@ -294,7 +261,87 @@ def main(argv=None):
         "single_task": single, "multi_task": multi, "multi_task_fine_tuned": tuned,
         "distillation": {"teachers": teachers, "ensemble": ensemble_metrics, "student": student},
         "paper": PAPER,
-    })
+    }
+
+
+def accuracy(results: dict, read) -> str:
+    """Dev accuracy in percent, mean ± standard deviation over the seeds; `read` picks a task's metrics."""
+    return spread(values(results, lambda seed: read(seed)["accuracy"]), 1, scale=100)
+
+
+KD_TASKS = CLASSIFICATION + ("qnnli",)
+
+
+def claims() -> list[tuple[str, object]]:
+    """The papers' claims as tests of one seed's figures."""
+    def rte(seed, run):
+        return seed[run]["rte"]["accuracy"]
+
+    found = [("RTE: multi-task beats single task", lambda seed: rte(seed, "multi_task") > rte(seed, "single_task")),
+             ("RTE: multi-task, then fine-tuned on RTE, beats multi-task alone",
+              lambda seed: rte(seed, "multi_task_fine_tuned") > rte(seed, "multi_task"))]
+    for task in KD_TASKS:
+        found.append((f"{task}: the distilled student beats the hard-label multi-task model",
+                      lambda seed, t=task: seed["distillation"]["student"][t]["accuracy"]
+                      > seed["multi_task"][t]["accuracy"]))
+    found.append(("mnli: the teachers' ensemble beats the hard-label multi-task model (what distillation passes on)",
+                  lambda seed: seed["distillation"]["ensemble"]["mnli"]["accuracy"]
+                  > seed["multi_task"]["mnli"]["accuracy"]))
+    return found
+
+
+def tables(results: dict) -> str:
+    """RTE single task / multi-task / fine-tuned, and hard labels against distillation (dev accuracy, mean ±
+    standard deviation over the seeds), then the papers' claims, seed by seed."""
+    teachers = results["per_seed"][0]["distillation"]["teachers"]
+    rows = [["single task", accuracy(results, lambda seed: seed["single_task"]["rte"]),
+             f"{PAPER['rte']['single_task']} (BERT-large)"],
+            ["multi-task", accuracy(results, lambda seed: seed["multi_task"]["rte"]), ""],
+            ["multi-task, then fine-tuned on RTE", accuracy(results, lambda seed: seed["multi_task_fine_tuned"]["rte"]),
+             f"{PAPER['rte']['multi_task']} (MT-DNN)"]]
+    kd_rows = [[task, accuracy(results, lambda seed, t=task: seed["multi_task"][t]),
+                accuracy(results, lambda seed, t=task: seed["distillation"]["ensemble"][t]),
+                accuracy(results, lambda seed, t=task: seed["distillation"]["student"][t])] for task in KD_TASKS]
+    claim_rows = [[claim, holds(results, test)] for claim, test in claims()]
+    return "\n\n".join([
+        markdown_table(["RTE dev accuracy (%)", "ours", "paper (MT-DNN Table 2, dev)"], rows),
+        markdown_table(["dev accuracy (%)", "multi-task, hard labels", f"ensemble of {teachers} teachers",
+                        "student, distilled"], kd_rows)
+        + f"\n\npaper (MT-DNN-KD Table 2): MNLI {PAPER['mnli']['multi_task']} -> {PAPER['mnli']['distilled']}",
+        markdown_table(["claim", "holds in (seeds)"], claim_rows)])
+
+
+def draw(pyplot, results: dict, path) -> None:
+    """RTE's three runs, and hard labels against the ensemble and the student on every task: means over the seeds,
+    standard deviations as error bars."""
+    def bar_values(read):
+        scores = np.array(values(results, read)) * 100
+        return scores.mean(), scores.std(ddof=1) if len(scores) > 1 else 0.0
+
+    figure, (left, right) = pyplot.subplots(1, 2, figsize=(11, 3.8))
+    runs = (("single task", "single_task"), ("multi-task", "multi_task"),
+            ("multi-task\n+ fine-tuning", "multi_task_fine_tuned"))
+    bars = [bar_values(lambda seed, r=run: seed[r]["rte"]["accuracy"]) for _, run in runs]
+    left.bar([name for name, _ in runs], [m for m, _ in bars], yerr=[d for _, d in bars], capsize=3,
+             color=["#999999", "#4c72b0", "#2a4d8f"])
+    left.set_ylabel("RTE dev accuracy (%)")
+    left.set_title("the small task gains from the others")
+    left.set_ylim(40, 100)
+    positions = np.arange(len(KD_TASKS))
+    for offset, label, read in ((-0.27, "hard labels", lambda seed, t: seed["multi_task"][t]),
+                                (0, "teacher ensemble", lambda seed, t: seed["distillation"]["ensemble"][t]),
+                                (0.27, "distilled student", lambda seed, t: seed["distillation"]["student"][t])):
+        bars = [bar_values(lambda seed, t=task, r=read: r(seed, t)["accuracy"]) for task in KD_TASKS]
+        right.bar(positions + offset, [m for m, _ in bars], width=0.27, yerr=[d for _, d in bars], capsize=3,
+                  label=label)
+    right.set_xticks(positions, list(KD_TASKS))
+    right.set_ylabel("dev accuracy (%)")
+    right.set_ylim(40, 100)
+    right.set_title("distillation from an ensemble")
+    right.legend(loc="lower right")
+    figure.suptitle(f"MT-DNN (mean over {len(results['seeds'])} seeds)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
 
 
 def ensemble_dev_metrics(models, dev_sets, config) -> dict:
@@ -309,4 +356,4 @@ def ensemble_dev_metrics(models, dev_sets, config) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    main(parser(), run, tables, draw)

@@ -18,10 +18,11 @@ sentences, a tenth held out, shuffled with the seed.
 import itertools
 import random
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import finish, markdown_table, plotting, reproduction_parser, start
+from common import holds, main, markdown_table, reproduction_parser, spread, values
 from datasets import Dataset
 from transformers import BertTokenizer, GPT2Tokenizer, PrinterCallback
 
@@ -32,7 +33,7 @@ from hf_ext.models.optimus.training import BetaScheduleCallback, OptimusDataColl
 from hf_ext.sample_text import train_bert_vocab, train_gpt2_bpe
 from hf_ext.trainer import training_arguments
 
-RESULT_KEYS = ["corpus", "runs", "metrics", "classification", "paper"]
+RESULT_KEYS = ["corpus", "runs", "metrics", "classification", "paper"]  # of each seed
 
 SUBJECTS = ("a man", "a woman", "a boy", "a girl", "a child", "an old man", "a young woman", "a student", "a tourist",
             "a teacher")
@@ -141,32 +142,47 @@ def latent_classification(model, processor, train, test, seed) -> dict:
     return {"accuracy": accuracy, "chance": chance}
 
 
+def mean_curve(results: dict, name: str) -> tuple[list[int], list[float]]:
+    """A run's training KL, averaged over the seeds step by step (every seed logs the same steps)."""
+    curves = [seed["curves"][name] for seed in results["per_seed"]]
+    steps = [entry["step"] for entry in curves[0]]
+    return steps, [sum(curve[i]["kl"] for curve in curves) / len(curves) for i in range(len(steps))]
+
+
 def draw(pyplot, results: dict, path: Path) -> None:
-    """The KL of each run over training, its held-out MI and active units, and the topic classifier's accuracy."""
-    names = [run["name"] for run in results["runs"]]
-    metrics, classification, curves = results["metrics"], results["classification"], results["curves"]
+    """The KL of each run over training, its held-out MI and active units, and the topic classifier's accuracy:
+    means over the seeds, with their standard deviations as error bars."""
+    names = [run["name"] for run in results["per_seed"][0]["runs"]]
     figure, (kl_axis, bar_axis, class_axis) = pyplot.subplots(1, 3, figsize=(17, 4.8), layout="constrained")
     for name in names:
-        kl_axis.plot([entry["step"] for entry in curves[name]], [entry["kl"] for entry in curves[name]], label=name)
+        kl_axis.plot(*mean_curve(results, name), label=name)
     kl_axis.set(title="KL(q(z|x) || p(z)) in training", xlabel="step", ylabel="nats")
     kl_axis.legend(fontsize=8)
     positions = range(len(names))
-    bar_axis.bar([p - 0.2 for p in positions], [metrics[n]["mi"] for n in names], 0.4, label="MI (nats)")
-    bar_axis.bar([p + 0.2 for p in positions], [metrics[n]["active_units"] for n in names], 0.4, label="active units")
-    class_axis.bar(positions, [classification[n]["accuracy"] for n in names], 0.6, label="classifier on z")
-    class_axis.axhline(classification[names[0]]["chance"], color="gray", linestyle="--", label="chance")
+
+    def bars(axis, offset, width, read, label):
+        per_run = [torch.tensor(values(results, lambda seed, n=name: read(seed, n))) for name in names]
+        deviations = [run.std().item() if len(run) > 1 else 0.0 for run in per_run]
+        axis.bar([p + offset for p in positions], [run.mean().item() for run in per_run], width, yerr=deviations,
+                 capsize=3, label=label)
+
+    bars(bar_axis, -0.2, 0.4, lambda seed, name: seed["metrics"][name]["mi"], "MI (nats)")
+    bars(bar_axis, 0.2, 0.4, lambda seed, name: seed["metrics"][name]["active_units"], "active units")
+    bars(class_axis, 0.0, 0.6, lambda seed, name: seed["classification"][name]["accuracy"], "classifier on z")
+    chance = values(results, lambda seed: seed["classification"][names[0]]["chance"])
+    class_axis.axhline(sum(chance) / len(chance), color="gray", linestyle="--", label="chance")
     bar_axis.set(title="held-out MI and active units")
     class_axis.set(title="topic of held-out sentences from z ~ q(z|x)", ylim=(0, 1))
     for axis in (bar_axis, class_axis):
         axis.set_xticks(list(positions), [name.replace(", ", "\n") for name in names], fontsize=8)
         axis.legend(fontsize=8)
-    figure.suptitle("Optimus: beta 1 without thresholding against the cyclical schedule with KL thresholding")
+    figure.suptitle("Optimus: beta 1 without thresholding against the cyclical schedule with KL thresholding "
+                    f"(mean and standard deviation over {len(results['seeds'])} seeds)")
     figure.savefig(path, dpi=100)
 
 
-def main() -> dict:
-    args = reproduction_parser(__doc__).parse_args()
-    started = start(args)
+def run(args) -> dict:
+    """One seed: every run of `RUNS` trained, measured on the held-out sentences and read by the classifier."""
     texts, labels = corpus(args.seed, args.quick)
     cut = int(len(texts) * (1 - HELD_OUT))
     train, test = (texts[:cut], labels[:cut]), (texts[cut:], labels[cut:])
@@ -176,7 +192,7 @@ def main() -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         processor = build_processor(train[0], Path(scratch) / "tokenizers")
         for name, cyclical, dim_target_kl in runs:
-            print(f"training: {name} ({steps} steps)", flush=True)
+            print(f"seed {args.seed}: training {name} ({steps} steps)", flush=True)
             model, curves[name] = train_run(processor, train[0], cyclical, dim_target_kl, steps, args.seed,
                                             Path(scratch) / "run")
             samples = 2 if args.quick else IMPORTANCE_SAMPLES
@@ -184,13 +200,7 @@ def main() -> dict:
                                                 samples_per_pass=samples,
                                                 generator=torch.Generator().manual_seed(args.seed))
             classification[name] = latent_classification(model, processor, train, test, args.seed)
-    headers = ["run", "PPL", "-ELBO", "rec. NLL", "KL", "MI", "AU", "z classifier", "chance"]
-    rows = [[name, metrics[name]["perplexity"], metrics[name]["neg_elbo"], metrics[name]["reconstruction_nll"],
-             metrics[name]["kl"], metrics[name]["mi"], f"{metrics[name]['active_units']}/{SIZES['latent_size']}",
-             classification[name]["accuracy"], classification[name]["chance"]] for name, _, _ in runs]
-    print(markdown_table(headers, rows))
-    print(f"paper: {PAPER}")
-    results = finish(args, started, {
+    return {
         "corpus": {"sentences": len(texts), "train": len(train[0]), "held_out": len(test[0]),
                    "topics": list(CORPUS), "subjects": len(SUBJECTS), "times": len(TIMES)},
         "runs": [{"name": name, "cyclical": cyclical, "lambda": dim_target_kl}
@@ -199,13 +209,59 @@ def main() -> dict:
                      "ratio_zero": RATIO_ZERO, "ratio_increase": RATIO_INCREASE, **SIZES,
                      "importance_samples": IMPORTANCE_SAMPLES},
         "metrics": metrics, "classification": classification, "curves": curves, "paper": PAPER,
-    })
-    pyplot = plotting(args)
-    if pyplot is not None:
-        draw(pyplot, results, args.plot)
-        print(f"wrote {args.plot}")
-    return results
+    }
+
+
+def claims(names: list[str]) -> list[tuple[str, Callable[[dict], bool]]]:
+    """The paper's claims (and the ablation's) as tests of one seed's figures; the table counts the seeds."""
+    collapsed, schedule_alone, thresholded = names[0], names[1] if len(names) > 2 else None, names[-3:] if len(
+        names) > 2 else names[1:]
+
+    def metric(seed, name, key):
+        return seed["metrics"][name][key]
+
+    def accuracy(seed, name):
+        return seed["classification"][name]["accuracy"]
+
+    found = [
+        (f"{collapsed}: the KL vanishes (held-out KL < 0.5 nats, no active unit)",
+         lambda seed: metric(seed, collapsed, "kl") < 0.5 and metric(seed, collapsed, "active_units") == 0),
+        (f"{collapsed}: the topic cannot be read from z (classifier within 0.05 of chance)",
+         lambda seed: accuracy(seed, collapsed) - seed["classification"][collapsed]["chance"] < 0.05),
+        ("thresholding keeps the latent in use: every lambda has KL > 1 nat, MI > 0.5 nats, all units active",
+         lambda seed: all(metric(seed, n, "kl") > 1 and metric(seed, n, "mi") > 0.5
+                          and metric(seed, n, "active_units") == SIZES["latent_size"] for n in thresholded)),
+        ("larger lambda, larger KL and MI (both rise from each lambda to the next)",
+         lambda seed: all(metric(seed, a, key) < metric(seed, b, key) for key in ("kl", "mi")
+                          for a, b in itertools.pairwise(thresholded))),
+        ("larger lambda, the topic read better from z (the classifier rises with lambda)",
+         lambda seed: all(accuracy(seed, a) < accuracy(seed, b) for a, b in itertools.pairwise(thresholded))),
+        ("thresholding costs little: PPL of the smallest lambda within 5% of the collapsed model's",
+         lambda seed: metric(seed, thresholded[0], "perplexity") < 1.05 * metric(seed, collapsed, "perplexity")),
+    ]
+    if schedule_alone is not None:
+        found.append((f"{schedule_alone}: the schedule alone keeps the latent in use (MI > 0.5 nats)",
+                      lambda seed: metric(seed, schedule_alone, "mi") > 0.5))
+    return found
+
+
+def tables(results: dict) -> str:
+    """The runs' held-out figures (mean ± standard deviation over the seeds) and the paper's claims, seed by seed."""
+    names = [run["name"] for run in results["per_seed"][0]["runs"]]
+    latent_size = results["per_seed"][0]["settings"]["latent_size"]
+
+    def cell(name, group, key, digits=2):
+        return spread(values(results, lambda seed: seed[group][name][key]), digits)
+
+    rows = [[name, cell(name, "metrics", "perplexity"), cell(name, "metrics", "neg_elbo"),
+             cell(name, "metrics", "reconstruction_nll"), cell(name, "metrics", "kl"), cell(name, "metrics", "mi"),
+             f"{cell(name, 'metrics', 'active_units', 1)} / {latent_size}",
+             cell(name, "classification", "accuracy", 3), cell(name, "classification", "chance", 3)]
+            for name in names]
+    figures = markdown_table(["run", "PPL", "-ELBO", "rec. NLL", "KL", "MI", "AU", "classifier on z", "chance"], rows)
+    claim_rows = [[claim, holds(results, test)] for claim, test in claims(names)]
+    return figures + "\n\n" + markdown_table(["claim", "holds in (seeds)"], claim_rows)
 
 
 if __name__ == "__main__":
-    main()
+    main(reproduction_parser(__doc__), run, tables, draw)

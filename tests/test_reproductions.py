@@ -1,5 +1,6 @@
-"""Every script in `reproductions/` still runs: `--quick` (tiny sizes) must finish, print its table and write its
-JSON figures and its plot. The numbers of a quick run are not results; each script's own keys are checked."""
+"""Every script in `reproductions/` still runs: `--quick` (tiny sizes) over two seeds must finish, print its tables
+and write its results file (every seed's figures, where they came from) and its plot. The numbers of a quick run are
+not results; each script's own keys are checked."""
 
 import json
 import runpy
@@ -16,11 +17,16 @@ pytestmark = pytest.mark.slow  # whole scripts, end to end
 def test_quick_run_writes_its_figures_and_plot(script, tmp_path, capsys, monkeypatch):
     require_extra("plots", "matplotlib")
     output, plot = tmp_path / "figures.json", tmp_path / "figure.png"
-    printed = run_script(script, "--quick", "--threads", 1, "--output", output, "--plot", plot,
+    printed = run_script(script, "--quick", "--seeds", 3, 5, "--threads", 1, "--output", output, "--plot", plot,
                          monkeypatch=monkeypatch, capsys=capsys)
-    assert "QUICK smoke run" in printed and "| " in printed
-    figures = json.loads(output.read_text())
-    assert figures["quick"] is True and figures["seconds"] > 0
+    assert "QUICK smoke run" in printed and "| claim | holds in (seeds) |" in printed
+    results = json.loads(output.read_text())
+    assert results["quick"] is True and results["seconds"] > 0 and results["seeds"] == [3, 5]
+    assert results["script"] == f"reproductions/{script.name}"
+    assert results["command"].startswith(f"python reproductions/{script.name} --quick --seeds 3 5")
+    assert len(results["commit"]) >= 40 or results["commit"] == "unknown"
     expected = runpy.run_path(str(script))["RESULT_KEYS"]  # the script's own keys (its main() does not run)
-    assert set(expected) <= set(figures), expected
+    assert [seed["seed"] for seed in results["per_seed"]] == [3, 5]
+    for seed in results["per_seed"]:
+        assert set(expected) <= set(seed), expected
     assert plot.stat().st_size > 1000
