@@ -104,6 +104,7 @@ def main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], di
     if len(set(seeds)) != len(seeds):
         parser.error(f"--seeds: a seed is given twice: {seeds}")
     pyplot = plotting(args) if draw is not None else None  # a missing matplotlib stops the run before it starts
+    code = commit()  # the code that runs, read before the hours of work in which the checkout may change
     started = time.perf_counter()
     if args.jobs > 1 and len(seeds) > 1:
         # spawned, not forked: each run starts its own torch thread pool
@@ -115,7 +116,7 @@ def main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], di
     shown = script.relative_to(REPOSITORY) if script.is_relative_to(REPOSITORY) else script.name
     results = {
         "script": str(shown), "command": shlex.join(["python", str(shown), *(sys.argv[1:] if argv is None else argv)]),
-        "commit": commit(), "date": datetime.date.today().isoformat(), "machine": machine(),
+        "commit": code, "date": datetime.date.today().isoformat(), "machine": machine(),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__},
         "quick": args.quick, "seeds": seeds, "seconds": round(time.perf_counter() - started, 1),
