@@ -201,7 +201,8 @@ def record_demo() -> None:
                 "mutual_information": run["mutual_information"], "seconds": run["seconds"],
                 "interpolation": [{key: step[key] for key in ("t", "text", "parts_from_source", "parts_from_target")}
                                   for step in run["interpolation"]["steps"]]})
-    results = {"command": "python docs/publish.py --record-demo", "commit": code, "date": datetime.date.today().isoformat(),
+    results = {"command": "python docs/publish.py --record-demo", "commit": code,
+               "date": datetime.date.today().isoformat(),
                "machine": machine(), "versions": {"python": platform.python_version(), "torch": torch.__version__,
                                                   "transformers": transformers.__version__},
                "seeds": list(DEMO_SEEDS), "seconds": round(time.perf_counter() - started, 1), "stdout": stdout,
