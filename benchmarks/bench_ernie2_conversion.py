@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from timing import benchmark_parser, measure_rounds, report_conversion, setup
+from timing import benchmark_parser, finish, measure_rounds, record, report_conversion, setup
 
 from hf_ext.models.ernie2.samples import BASE_CONFIG, random_weights, sample_vocab, write_static_release
 
@@ -40,15 +40,20 @@ def main(argv=None):
         src = write_static_release(tmp / "ernie2_base", config, weights, sample_vocab(config["vocab_size"]))
         torch.save({name: torch.from_numpy(array) for name, array in weights.items()}, tmp / "same_tensors.bin")
         del weights
-        size = sum(p.stat().st_size for p in (src / "params").iterdir())
-        print(f"checkpoint: {len(list((src / 'params').iterdir()))} LoDTensor files, {size / 2**20:.1f} MiB "
+        files = list((src / "params").iterdir())
+        size = sum(p.stat().st_size for p in files)
+        torch_copy = (tmp / "same_tensors.bin").stat().st_size
+        print(f"checkpoint: {len(files)} LoDTensor files, {size / 2**20:.1f} MiB "
               f"({config['num_hidden_layers']} layers, hidden {config['hidden_size']}); torch copy "
-              f"{(tmp / 'same_tensors.bin').stat().st_size / 2**20:.1f} MiB")
+              f"{torch_copy / 2**20:.1f} MiB")
+        record("checkpoint", {"lodtensor_files": len(files), "bytes": size, "layers": config["num_hidden_layers"],
+                              "hidden_size": config["hidden_size"], "torch_copy_bytes": torch_copy})
         runs = measure_rounds({"hf-ext convert ernie2": (*CONVERSION, (src, tmp / "converted")),
                                "torch.load + safetensors save": (*BASELINE, (tmp / "same_tensors.bin",
                                                                              tmp / "baseline.safetensors"))},
-                              repeats, warmup=not args.quick)
+                              repeats, warmup=not args.quick, section="conversion")
     report_conversion(runs, "hf-ext convert ernie2", "torch.load + safetensors save", size)
+    finish()
 
 
 if __name__ == "__main__":

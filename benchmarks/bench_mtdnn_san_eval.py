@@ -12,7 +12,7 @@ On a machine shared with other work, `--threads 1` gives steadier timings.
 import statistics
 
 import torch
-from timing import benchmark_parser, report_ratio, setup, time_interleaved
+from timing import benchmark_parser, finish, record, report_ratio, setup, time_interleaved
 from transformers import BertConfig
 
 from hf_ext.models.mtdnn import MTDNNConfig, MTDNNModel, premise_hypothesis_masks
@@ -45,10 +45,13 @@ def main(argv=None):
     input_ids, token_type_ids, attention_mask = pair_batch(config.vocab_size, args.batch_size, args.length,
                                                            torch.Generator().manual_seed(0))
     head = model.heads["mnli"]
+    parameters = sum(p.numel() for p in model.parameters())
+    head_parameters = sum(p.numel() for p in head.parameters())
     print(f"encoder: {config.num_hidden_layers} layers, width {config.hidden_size}; SAN head: "
           f"{head.num_turns} turns; batch {args.batch_size} x {args.length} tokens; "
-          f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters "
-          f"({sum(p.numel() for p in head.parameters()) / 1e6:.2f}M in the head)")
+          f"{parameters / 1e6:.1f}M parameters ({head_parameters / 1e6:.2f}M in the head)")
+    record("model", {"encoder_layers": config.num_hidden_layers, "width": config.hidden_size,
+                     "san_turns": head.num_turns, "parameters": parameters, "head_parameters": head_parameters})
 
     with torch.inference_mode():
         sequence_output = model.bert(input_ids=input_ids, token_type_ids=token_type_ids,
@@ -61,12 +64,14 @@ def main(argv=None):
                                                 attention_mask=attention_mask),
             "SAN head alone": lambda: head(sequence_output, premise_mask, hypothesis_mask),
         }
-        seconds = time_interleaved(candidates, repeats)
+        seconds = time_interleaved(candidates, repeats, section=f"evaluation, batch {args.batch_size} x {args.length}")
     whole, encoder, san = (seconds[name] for name in candidates)
     share = statistics.median(h / w for h, w in zip(san, whole, strict=True))
     print(f"SAN head share of the whole evaluation (median over rounds): {share:.1%}")
+    record("san_head_share_of_the_evaluation", share)
     report_ratio("SAN-task evaluation time of MTDNNModel / (encoder alone + SAN head alone)", whole,
                  [e + h for e, h in zip(encoder, san, strict=True)], 1.05)
+    finish()
 
 
 if __name__ == "__main__":

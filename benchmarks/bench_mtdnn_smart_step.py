@@ -12,7 +12,7 @@ On a machine shared with other work, `--threads 1` gives steadier timings.
 import tempfile
 
 import torch
-from timing import benchmark_parser, report_ratio, setup, time_interleaved, trainer_step
+from timing import benchmark_parser, finish, record, report_ratio, setup, time_interleaved, trainer_step
 from transformers import BertConfig
 
 from hf_ext.models.mtdnn import MTDNNConfig, MTDNNModel
@@ -40,9 +40,11 @@ def main(argv=None):
              .contiguous(),
              "attention_mask": torch.ones_like(input_ids), "task": torch.zeros(args.batch_size, dtype=torch.long),
              "labels": torch.randint(0, 3, (args.batch_size,), generator=generator)}
+    parameters = sum(p.numel() for p in model.parameters())
     print(f"encoder: {encoder.num_hidden_layers} layers, width {encoder.hidden_size}; batch {args.batch_size} x "
-          f"{args.length} tokens; {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters; SMART "
-          f"adv_k {args.adv_k}")
+          f"{args.length} tokens; {parameters / 1e6:.1f}M parameters; SMART adv_k {args.adv_k}")
+    record("model", {"encoder_layers": encoder.num_hidden_layers, "width": encoder.hidden_size,
+                     "parameters": parameters, "smart_adv_k": args.adv_k})
 
     with tempfile.TemporaryDirectory() as scratch:
         arguments = training_arguments(scratch, use_cpu=True, learning_rate=1e-5)
@@ -54,9 +56,10 @@ def main(argv=None):
         for trainer in trainers.values():
             trainer.create_optimizer()
         seconds = time_interleaved({name: trainer_step(trainer, batch) for name, trainer in trainers.items()},
-                                   repeats)
+                                   repeats, section=f"training step, batch {args.batch_size} x {args.length}")
     smart, plain = seconds.values()
     report_ratio("training step time, SMART / plain", smart, plain, 3.0)
+    finish()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ On a machine shared with other work, `--threads 1` gives steadier timings.
 import tempfile
 
 import torch
-from timing import benchmark_parser, report_ratio, setup, time_interleaved, trainer_step
+from timing import benchmark_parser, finish, record, report_ratio, setup, time_interleaved, trainer_step
 from transformers import BertConfig, Trainer, TrainingArguments
 
 from hf_ext.models.mtdnn import MTDNNConfig, MTDNNModel
@@ -53,10 +53,13 @@ def main(argv=None):
     batch = {"input_ids": input_ids, "token_type_ids": token_type_ids.contiguous(),
              "attention_mask": torch.ones_like(input_ids), "labels": torch.randint(0, 3, (args.batch_size,),
                                                                                  generator=generator)}
-    sizes = [sum(p.numel() for p in model.parameters()) / 1e6 for model in (multi, single)]
+    sizes = [sum(p.numel() for p in model.parameters()) for model in (multi, single)]
     print(f"encoder: {config.num_hidden_layers} layers, width {config.hidden_size}; batch {args.batch_size} x "
-          f"{args.length} tokens; multi-task: {len(GLUE)} heads, {sizes[0]:.1f}M parameters; single-task: "
-          f"{sizes[1]:.1f}M")
+          f"{args.length} tokens; multi-task: {len(GLUE)} heads, {sizes[0] / 1e6:.1f}M parameters; single-task: "
+          f"{sizes[1] / 1e6:.1f}M")
+    record("model", {"encoder_layers": config.num_hidden_layers, "width": config.hidden_size,
+                     "multi_task_heads": len(GLUE), "multi_task_parameters": sizes[0],
+                     "single_task_parameters": sizes[1]})
 
     with tempfile.TemporaryDirectory() as scratch:
         training = TrainingArguments(output_dir=scratch, use_cpu=True, report_to=[], learning_rate=1e-5)
@@ -69,9 +72,11 @@ def main(argv=None):
 
         for trainer, _ in trainers.values():
             trainer.create_optimizer()
-        seconds = time_interleaved({name: trainer_step(*pair) for name, pair in trainers.items()}, repeats)
+        seconds = time_interleaved({name: trainer_step(*pair) for name, pair in trainers.items()}, repeats,
+                                   section=f"training step, batch {args.batch_size} x {args.length}")
     multi_task, single_task = seconds.values()
     report_ratio("training step time, multi-task / single-task", multi_task, single_task, 1.05)
+    finish()
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@
 
 The weights are random (initialised as transformers does): no trained checkpoint can be downloaded here, so the
 agreement is measured on untrained heads, whose logits lie closer together than a trained model's.
+
+The results file (`--output`) is published by this script's `tables`: timing's, with the agreement as tables of
+its own.
 """
 
 import csv
@@ -21,11 +24,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from timing import benchmark_parser, report_ratio, setup, time_interleaved
+from timing import benchmark_parser, finish, markdown_table, record, report_ratio, setup, time_interleaved
+from timing import tables as timing_tables
 from transformers import BertConfig, BertTokenizerFast, ErnieConfig, ErnieForSequenceClassification
 
 from hf_ext import MTDNNConfig, MTDNNModel, OptimusConfig
-from hf_ext.cli_utils import _quiet_libraries
+from hf_ext.cli_utils import configure_logging
 from hf_ext.models.optimus.export_onnx import OptimusOnnx
 from hf_ext.models.optimus.samples import random_model
 from hf_ext.onnx_export import export_onnx, session
@@ -86,11 +90,14 @@ def ort_feeds(graph, inputs):
 
 
 def classifier_benchmark(name, model, vocab_size, folder, shapes, repeats, agreement_inputs, label_outputs):
-    """Time eager / float / int8 at each shape, then the int8 graph's agreement with the float model."""
+    """Time eager / float / int8 at each shape, then the int8 graph's agreement with the float model, which it
+    returns: the predictions that agree and their number, the sample pairs, the target and, for every output, the
+    int8 graph's largest error and the float model's margins between its top two logits."""
     model.save_pretrained(folder / name)
     report = export_onnx(folder / name, folder / f"{name}-onnx", quantize="int8")
     errors = [check["max_abs_error"] for check in report["graphs"][0]["checks"]]
     print(f"{name}: exported in {report['seconds']} s; float graph max abs error against PyTorch {max(errors):.1e}")
+    record(f"{name}_export", {"seconds": report["seconds"], "float_graph_max_abs_error": max(errors)})
     graphs = {kind: session(folder / f"{name}-onnx" / file) for kind, file in
               (("float", "model.onnx"), ("int8", "model_int8.onnx"))}
     wrapper = _graph_module(name, model)
@@ -115,7 +122,7 @@ def classifier_benchmark(name, model, vocab_size, folder, shapes, repeats, agree
                                       None, ort_feeds(graphs["float"], arrays)),
                                   "onnxruntime int8": lambda arrays=arrays: graphs["int8"].run(
                                       None, ort_feeds(graphs["int8"], arrays))},
-                                 repeats, settle=SETTLE)
+                                 repeats, settle=SETTLE, section=f"{name} at batch {batch} x {length}")
         targets = (1.3, 2.0) if batch == 1 else (None, None)
         for kind, target in zip(("float", "int8"), targets, strict=True):
             report_ratio(f"{name} {batch}x{length}: eager time / onnxruntime {kind} time", times["eager"],
@@ -127,6 +134,7 @@ def classifier_benchmark(name, model, vocab_size, folder, shapes, repeats, agree
     float_outputs = dict(zip(output_names, graphs["float"].run(None, ort_feeds(graphs["float"], feeds)), strict=True))
     int8_outputs = dict(zip(output_names, graphs["int8"].run(None, ort_feeds(graphs["int8"], feeds)), strict=True))
     same = total = 0
+    outputs = {}
     for output in label_outputs:
         reference, quantized = float_outputs[output], int8_outputs[output]
         agree = reference.argmax(-1) == quantized.argmax(-1)
@@ -134,13 +142,19 @@ def classifier_benchmark(name, model, vocab_size, folder, shapes, repeats, agree
         total += len(reference)
         top_two = np.sort(reference, axis=-1)[:, -2:]
         margins = top_two[:, 1] - top_two[:, 0]  # how far the float model's prediction is from a tie
-        print(f"  {output}: int8 max abs error {np.abs(reference - quantized).max():.3f}; the float model's margin "
-              f"between its top two logits: median {np.median(margins):.3f}"
-              + (f", {np.max(margins[~agree]):.4f} at most where int8 disagrees" if not agree.all() else ""))
+        error, median_margin = float(np.abs(reference - quantized).max()), float(np.median(margins))
+        disagreeing_margin = None if agree.all() else float(np.max(margins[~agree]))
+        outputs[output] = {"int8_max_abs_error": error, "median_margin": median_margin,
+                           "largest_margin_where_int8_disagrees": disagreeing_margin}
+        print(f"  {output}: int8 max abs error {error:.3f}; the float model's margin between its top two logits: "
+              f"median {median_margin:.3f}"
+              + (f", {disagreeing_margin:.4f} at most where int8 disagrees" if disagreeing_margin is not None else ""))
     fraction = same / total
     print(f"RESULT {name}: int8 argmax agreement with the float model on {total} head predictions "
           f"({len(feeds['input_ids'])} sample pairs): {fraction:.1%} (target >= 99%: "
           f"{'met' if fraction >= 0.99 else 'MISSED'})")
+    return {"same": same, "total": total, "sample_pairs": len(feeds["input_ids"]), "target": 0.99,
+            "met": fraction >= 0.99, "outputs": outputs}
 
 
 def _graph_module(name, model):
@@ -167,6 +181,7 @@ def optimus_benchmark(folder, quick, repeats):
     model.save_pretrained(folder / "optimus")
     report = export_onnx(folder / "optimus", folder / "optimus-onnx")
     print(f"optimus: exported in {report['seconds']} s")
+    record("optimus_export", {"seconds": report["seconds"]})
     runtime = OptimusOnnx(folder / "optimus-onnx")
     batch, new_tokens = (2, 4) if quick else (4, 32)
     latent_z = torch.randn(batch, 32, generator=torch.Generator().manual_seed(0))
@@ -177,6 +192,8 @@ def optimus_benchmark(folder, quick, repeats):
     same = np.array_equal(produced, expected.numpy())
     print(f"optimus greedy decoding of {batch} latents x {new_tokens} tokens (decoder {layers} layers, {width} wide, "
           f"vocabulary {vocab}); same tokens: {same}")
+    record("optimus_greedy_decoding", {"latents": batch, "new_tokens": new_tokens, "decoder_layers": layers,
+                                       "decoder_width": width, "vocabulary": vocab, "same_tokens": same})
     if not same:
         raise SystemExit("the ONNX Runtime loop and generate() disagree")
 
@@ -187,16 +204,19 @@ def optimus_benchmark(folder, quick, repeats):
     times = time_interleaved({"generate()": eager,
                               "onnxruntime loop": lambda: runtime.generate(
                                   latent_z.numpy(), max_new_tokens=new_tokens, min_new_tokens=new_tokens)},
-                             repeats, settle=SETTLE)
+                             repeats, settle=SETTLE,
+                             section=f"optimus greedy decoding, {batch} latents x {new_tokens} tokens")
     report_ratio("optimus greedy decoding: generate() time / onnxruntime loop time", times["generate()"],
                  times["onnxruntime loop"], higher_is_better=True)
-    print(f"  ({statistics.median(times['onnxruntime loop']) / new_tokens * 1000:.1f} ms per token on ONNX Runtime)")
+    milliseconds_per_token = statistics.median(times["onnxruntime loop"]) / new_tokens * 1000
+    print(f"  ({milliseconds_per_token:.1f} ms per token on ONNX Runtime)")
+    record("optimus_onnxruntime_ms_per_token", milliseconds_per_token)
 
 
 def main():
     args = benchmark_parser(__doc__).parse_args()
     repeats = setup(args, default_repeats=5)
-    _quiet_libraries()
+    configure_logging()  # hf-ext's progress lines on stderr, transformers' notices off, as the command runs
     length = 16 if args.quick else 128
     shapes = [(1, length), (2 if args.quick else 16, length)]
     with tempfile.TemporaryDirectory() as tmp:
@@ -204,10 +224,33 @@ def main():
         torch.manual_seed(0)
         vocab_size = encoder_sizes(args.quick)["vocab_size"]
         pairs = tokenized_pairs(folder / "vocab", vocab_size, length)
-        classifier_benchmark("mtdnn", mtdnn_model(args.quick), vocab_size, folder, shapes, repeats, pairs,
-                             ["logits_cola", "logits_mnli"])
-        classifier_benchmark("ernie", ernie_model(args.quick), vocab_size, folder, shapes, repeats, pairs, ["logits"])
+        agreement = {"mtdnn": classifier_benchmark("mtdnn", mtdnn_model(args.quick), vocab_size, folder, shapes,
+                                                   repeats, pairs, ["logits_cola", "logits_mnli"]),
+                     "ernie": classifier_benchmark("ernie", ernie_model(args.quick), vocab_size, folder, shapes,
+                                                   repeats, pairs, ["logits"])}
+        record("int8_argmax_agreement", agreement)
         optimus_benchmark(folder, args.quick, repeats)
+    finish()
+
+
+def tables(results: dict) -> str:
+    """timing's tables with the int8 argmax agreement (this script's own RESULT lines) as tables instead of a figure:
+    one row per model before them, one per head output after them."""
+    figures = dict(results["figures"])
+    agreement = figures.pop("int8_argmax_agreement")
+    models = [[model, f"{shown['same'] / shown['total']:.1%}", f"{shown['same']}/{shown['total']}",
+               str(shown["sample_pairs"]), f">= {shown['target']:.0%}", "met" if shown["met"] else "MISSED"]
+              for model, shown in agreement.items()]
+    outputs = [[model, output, f"{shown['int8_max_abs_error']:.3f}", f"{shown['median_margin']:.3f}",
+                "" if shown["largest_margin_where_int8_disagrees"] is None
+                else f"{shown['largest_margin_where_int8_disagrees']:.4f}"]
+               for model, of_model in agreement.items() for output, shown in of_model["outputs"].items()]
+    return "\n\n".join([
+        markdown_table(["model", "int8 argmax agreement with the float model", "predictions", "sample pairs",
+                        "target", "verdict"], models),
+        timing_tables({**results, "figures": figures}),
+        markdown_table(["model", "output", "int8 max abs error", "float model's median top-two margin",
+                        "largest margin where int8 disagrees"], outputs)])
 
 
 if __name__ == "__main__":

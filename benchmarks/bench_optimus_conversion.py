@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from timing import benchmark_parser, measure_rounds, report_conversion, setup
+from timing import benchmark_parser, finish, measure_rounds, record, report_conversion, setup
 
 from hf_ext import OptimusConfig
 from hf_ext.checkpoints import safe_torch_load
@@ -64,10 +64,13 @@ def main(argv=None):
         root, out = Path(tmp) / "original", Path(tmp) / "out"
         n_params, checkpoint_bytes = write_checkpoint(root, args.quick, args.source)
         print(f"checkpoint ({args.source}): {n_params / 1e6:.1f}M parameters, {checkpoint_bytes / 2**20:.1f} MiB")
+        record("checkpoint", {"source": args.source, "parameters": n_params, "bytes": checkpoint_bytes})
         runs = measure_rounds({"convert_optimus_checkpoint": (*CONVERSION, (root, out)),
                                "torch.load + safetensors save": (*BASELINE, (root, out))},
-                              repeats, warmup=not args.quick, after_each=lambda: shutil.rmtree(out))
+                              repeats, warmup=not args.quick, after_each=lambda: shutil.rmtree(out),
+                              section=f"conversion ({args.source})")
     report_conversion(runs, "convert_optimus_checkpoint", "torch.load + safetensors save", checkpoint_bytes)
+    finish()
 
 
 if __name__ == "__main__":

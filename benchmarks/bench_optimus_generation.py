@@ -16,7 +16,7 @@ vocabulary 50260).
 import statistics
 
 import torch
-from timing import benchmark_parser, report_ratio, setup, time_interleaved
+from timing import benchmark_parser, finish, record, report_ratio, setup, time_interleaved
 from transformers import BertConfig, GenerationConfig, GPT2Config, GPT2LMHeadModel
 
 from hf_ext import OptimusConfig
@@ -81,6 +81,7 @@ def main(argv=None):
     dec = optimus.config.decoder
     print(f"decoder: {dec.n_layer} layers, width {dec.n_embd}, {dec.n_head} heads, vocabulary {dec.vocab_size}; "
           f"batch {batch}, {new_tokens} new tokens, greedy")
+    record("decoder", {"layers": dec.n_layer, "width": dec.n_embd, "heads": dec.n_head, "vocabulary": dec.vocab_size})
     latent_z = optimus.sample_prior(batch, torch.Generator().manual_seed(1))
     optimus_generation = greedy_config(optimus.config, new_tokens)
     gpt2_generation = greedy_config(dec, new_tokens)
@@ -96,32 +97,41 @@ def main(argv=None):
 
     cached = optimus_generate()
     loops = {"original loop (row by row)": original_greedy, "batched recompute loop": recompute_greedy}
-    first_disagreement = {}
+    equal_tokens = {}
     for name, loop in loops.items():
         recomputed = loop(optimus, latent_z, new_tokens)
         agree = (cached == recomputed).all(dim=0).tolist()[1:]
-        first_disagreement[name] = agree.index(False) if False in agree else None
-        print(f"greedy tokens, generate vs {name}: {int((cached == recomputed).sum())}/{cached.numel()} equal; "
-              + ("identical sequences" if first_disagreement[name] is None
-                 else f"first difference at new token {first_disagreement[name]}"))
-    print(f"{len(set(cached[:, 1:].flatten().tolist()))} distinct tokens generated")
+        first_difference = agree.index(False) if False in agree else None
+        equal_tokens[name] = {"equal": int((cached == recomputed).sum()), "total": cached.numel(),
+                              "first_difference_at_new_token": first_difference}
+        print(f"greedy tokens, generate vs {name}: {equal_tokens[name]['equal']}/{cached.numel()} equal; "
+              + ("identical sequences" if first_difference is None
+                 else f"first difference at new token {first_difference}"))
+    record("greedy_tokens_equal", equal_tokens)
+    distinct = len(set(cached[:, 1:].flatten().tolist()))
+    print(f"{distinct} distinct tokens generated")
+    record("distinct_tokens_generated", distinct)
 
     gpt2_generate()  # warm-up; the check above warmed up both Optimus paths
     tokens = batch * new_tokens
     # one round: both cached decoders and both slow loops, so every ratio compares runs made under the same load
     candidates = {"OptimusModel.generate": optimus_generate, "GPT2LMHeadModel.generate": gpt2_generate}
     candidates.update({name: (lambda loop=loop: loop(optimus, latent_z, new_tokens)) for name, loop in loops.items()})
-    times = time_interleaved(candidates, repeats, warmup=0)
-    for name, seconds in times.items():
-        print(f"  {name}: {tokens / statistics.median(seconds):.1f} tokens/s")
+    times = time_interleaved(candidates, repeats, warmup=0,
+                             section=f"greedy decoding, batch {batch}, {new_tokens} new tokens")
+    tokens_per_second = {name: tokens / statistics.median(seconds) for name, seconds in times.items()}
+    for name, speed in tokens_per_second.items():
+        print(f"  {name}: {speed:.1f} tokens/s")
+    record("tokens_per_second_of_the_median_run", tokens_per_second)
     report_ratio("(a) speed-up of OptimusModel.generate over the original's loop", times["original loop (row by row)"],
                  times["OptimusModel.generate"], 10, higher_is_better=True)
     report_ratio("(a') for comparison: speed-up over the batched recompute loop", times["batched recompute loop"],
                  times["OptimusModel.generate"])
     report_ratio("(b) time of OptimusModel.generate / GPT2LMHeadModel.generate", times["OptimusModel.generate"],
                  times["GPT2LMHeadModel.generate"], 1.15)
-    if any(index is not None for index in first_disagreement.values()):
+    if any(counts["first_difference_at_new_token"] is not None for counts in equal_tokens.values()):
         raise SystemExit("greedy tokens of generate and a recompute loop differ")
+    finish()  # a run whose greedy tokens differ is a failure, not a result: it writes no results file
 
 
 if __name__ == "__main__":

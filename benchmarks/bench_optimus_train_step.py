@@ -10,7 +10,7 @@ memory in the KV cache, the embedding injection and the KL term.
 import copy
 
 import torch
-from timing import benchmark_parser, report_ratio, setup, time_interleaved
+from timing import benchmark_parser, finish, record, report_ratio, setup, time_interleaved
 from transformers import BertModel, GPT2LMHeadModel
 
 from hf_ext import OptimusConfig, OptimusModel
@@ -47,11 +47,16 @@ def main(argv=None):
     bert = BertModel(copy.deepcopy(config.encoder)).train()
     gpt2 = GPT2LMHeadModel(copy.deepcopy(config.decoder)).train()
     input_ids, labels = batch_of(config, args.batch_size, args.length, torch.Generator().manual_seed(0))
+    optimus_parameters = sum(p.numel() for p in optimus.parameters())
+    plain_parameters = sum(p.numel() for m in (bert, gpt2) for p in m.parameters())
     print(f"encoder: {config.encoder.num_hidden_layers} layers, width {config.encoder.hidden_size}; decoder: "
           f"{config.decoder.n_layer} layers, width {config.decoder.n_embd}, vocabulary {config.decoder.vocab_size}; "
-          f"batch {args.batch_size} x {args.length} tokens; "
-          f"{sum(p.numel() for p in optimus.parameters()) / 1e6:.1f}M parameters (Optimus), "
-          f"{sum(p.numel() for m in (bert, gpt2) for p in m.parameters()) / 1e6:.1f}M (BERT + GPT-2)")
+          f"batch {args.batch_size} x {args.length} tokens; {optimus_parameters / 1e6:.1f}M parameters (Optimus), "
+          f"{plain_parameters / 1e6:.1f}M (BERT + GPT-2)")
+    record("models", {"encoder_layers": config.encoder.num_hidden_layers, "encoder_width": config.encoder.hidden_size,
+                      "decoder_layers": config.decoder.n_layer, "decoder_width": config.decoder.n_embd,
+                      "decoder_vocabulary": config.decoder.vocab_size, "optimus_parameters": optimus_parameters,
+                      "bert_and_gpt2_parameters": plain_parameters})
 
     def optimus_step():
         optimus.zero_grad(set_to_none=True)
@@ -64,9 +69,11 @@ def main(argv=None):
         (gpt2(input_ids=labels, labels=labels).loss + pooled.mean()).backward()
 
     times = time_interleaved({"OptimusModel forward+backward": optimus_step,
-                              "BertModel + GPT2LMHeadModel forward+backward": plain_step}, repeats)
+                              "BertModel + GPT2LMHeadModel forward+backward": plain_step}, repeats,
+                             section=f"training step, batch {args.batch_size} x {args.length}")
     report_ratio("train step time of OptimusModel / (BertModel + GPT2LMHeadModel)",
                  times["OptimusModel forward+backward"], times["BertModel + GPT2LMHeadModel forward+backward"], 1.10)
+    finish()
 
 
 if __name__ == "__main__":

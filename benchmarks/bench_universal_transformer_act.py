@@ -19,7 +19,7 @@ On a machine shared with other work, `--threads 1` gives steadier timings.
 import copy
 
 import torch
-from timing import benchmark_parser, report_ratio, setup, time_interleaved
+from timing import benchmark_parser, finish, record, report_ratio, setup, time_interleaved
 
 from hf_ext import UniversalTransformerConfig, UniversalTransformerModel
 
@@ -53,7 +53,8 @@ def mean_steps(model, inputs):
 
 def force_regime(model, inputs, weight_scale, fraction):
     """Set the halting weights (random of `weight_scale`, or zero) and search the bias for the largest mean number
-    of steps that stays within `fraction` of the maximum."""
+    of steps that stays within `fraction` of the maximum. Returns the regime reached: the bias, the mean steps and
+    their fraction of the maximum, the loop's length and the positions per step count (1 to the maximum)."""
     halting = model.encoder.halting
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -73,7 +74,9 @@ def force_regime(model, inputs, weight_scale, fraction):
     counts = torch.bincount(steps.flatten().long(), minlength=MAX_STEPS + 1)[1:].tolist()
     print(f"  bias {high:+.3f}: mean steps {steps.mean():.2f} of {MAX_STEPS} ({steps.mean() / MAX_STEPS:.0%}), "
           f"loop length {int(steps.max())}; positions per step count 1..{MAX_STEPS}: {counts}")
-    return steps.mean().item() / MAX_STEPS
+    mean = steps.mean().item()
+    return {"bias": high, "mean_steps": mean, "fraction_of_max_steps": mean / MAX_STEPS,
+            "loop_length": int(steps.max()), "positions_per_step_count": counts}
 
 
 def forward(model, inputs):
@@ -114,21 +117,26 @@ def main():
     config = act.config
     print(f"encoder {config.hidden_size} wide, {config.num_attention_heads} heads, transition "
           f"{config.intermediate_size}; at most {MAX_STEPS} steps")
+    record("encoder", {"width": config.hidden_size, "heads": config.num_attention_heads,
+                       "transition": config.intermediate_size, "max_steps": MAX_STEPS})
     met = True
     for batch, length in QUICK_SHAPES if args.quick else SHAPES:
         inputs = torch.randn(batch, length, config.hidden_size, generator=torch.Generator().manual_seed(2))
         for regime, target_fraction in REGIMES:
             print(f"batch {batch} x {length}, regime '{regime}':")
             weight_scale = 2.0 / config.hidden_size**0.5 if regime == "mixed" else 0.0
-            fraction = force_regime(act, inputs, weight_scale, target_fraction)
+            halting = force_regime(act, inputs, weight_scale, target_fraction)
+            fraction = halting["fraction_of_max_steps"]
             target = round(LIMIT_FACTOR * fraction, 3)
+            setting = f"batch {batch} x {length}, {regime} halting"
+            record(setting, {**halting, "target": target})
             candidates = {"fixed depth": forward(fixed, inputs), "ACT": forward(act, inputs)}
             if regime == "mixed":
                 transformed = copy.deepcopy(act)
                 transformed.config.act_halted_state = "transformed"
                 candidates["ACT, t2t code"] = forward(transformed, inputs)
-            times = time_interleaved(candidates, repeats)
-            label = f"ACT/fixed, batch {batch} x {length}, {regime} halting, mean steps {fraction:.0%} of max"
+            times = time_interleaved(candidates, repeats, section=f"{setting}, forward")
+            label = f"ACT/fixed, {setting}, mean steps {fraction:.0%} of max"
             met &= report_ratio(f"{label}, forward", times["ACT"], times["fixed depth"], target)
             if regime == "mixed":
                 report_ratio(f"{label}, forward, t2t code (for comparison)", times["ACT, t2t code"],
@@ -136,8 +144,9 @@ def main():
                 if args.profile and (batch, length) == SHAPES[0]:
                     profile(act, inputs)
             times = time_interleaved({"fixed depth": training_step(fixed, inputs),
-                                      "ACT": training_step(act, inputs)}, repeats)
+                                      "ACT": training_step(act, inputs)}, repeats, section=f"{setting}, training step")
             met &= report_ratio(f"{label}, training step", times["ACT"], times["fixed depth"], target)
+    finish()
     return 0 if met or args.quick else 1
 
 
