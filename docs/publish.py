@@ -4,6 +4,7 @@ Every figure in README.md and docs/*.md that comes from a run lives in a committ
 run itself with the commit, the command, the machine and the versions that produced it:
 
 - `reproductions/results/*.json`: the reproduction scripts (`--output`), every seed's figures;
+- `benchmarks/results/*.json`: the benchmark scripts (`--output`), every timed round and ratio;
 - `docs/results/conversions.json`: `hf-ext convert ... --reference` on every fixture of `tests/fixtures/`, the
   parity lines it printed (`python docs/publish.py --record-conversions`);
 - `docs/results/demo.json`: `hf-ext demo` with seeds 0 to 3, what each measured, and what seed 0 printed
@@ -74,17 +75,19 @@ def provenance(source: str, results: dict) -> str:
             f"{results['date']}; {results['machine']}; {versions}; {results['seconds']:,.0f} s.*")
 
 
-def reproduction_tables(results: dict) -> str:
-    """The tables the reproduction script itself prints for these results."""
+def script_tables(results: dict) -> str:
+    """The tables the script that wrote these results makes of them: a reproduction's `tables()`, a benchmark's own
+    `tables()` or else `benchmarks/timing.py`'s."""
     script = ROOT / results["script"]
-    sys.path.insert(0, str(script.parent))  # the scripts import their `common` module
+    sys.path.insert(0, str(script.parent))  # the scripts import their `common` / `timing` module
     try:
-        spec = importlib.util.spec_from_file_location(f"reproduction_{script.stem}", script)
+        spec = importlib.util.spec_from_file_location(f"{script.parent.name}_{script.stem}", script)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+        tables = getattr(module, "tables", None) or sys.modules["timing"].tables
     finally:
         sys.path.remove(str(script.parent))
-    return module.tables(results)
+    return tables(results)
 
 
 def interpolation_steps(steps: list[dict]) -> str:
@@ -142,7 +145,7 @@ def render(source: str, view: str | None = None) -> str:
     elif source == CONVERSIONS_RESULTS.relative_to(ROOT).as_posix():
         body = conversion_view(results, view)
     else:
-        body = reproduction_tables(results)
+        body = script_tables(results)
     return f"{provenance(source, results)}\n\n{body}\n"
 
 

@@ -1,0 +1,56 @@
+"""Every figure a page shows from a run is generated from a committed results file (`docs/publish.py`): a page that
+differs from its results fails here, a results file names the commit and the command that produced it, and a
+reproduction's results hold several seeds of a full run."""
+
+import importlib.util
+import json
+import re
+
+import pytest
+from conftest import REPO_ROOT
+
+spec = importlib.util.spec_from_file_location("publish", REPO_ROOT / "docs" / "publish.py")
+publish = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(publish)
+
+RESULTS = sorted([*(REPO_ROOT / "reproductions" / "results").glob("*.json"),
+                  *(REPO_ROOT / "benchmarks" / "results").glob("*.json"), publish.DEMO_RESULTS,
+                  publish.CONVERSIONS_RESULTS])
+PUBLISHED = {match.group("source") for page in publish.PAGES
+             for match in publish.BLOCK.finditer(page.read_text(encoding="utf-8"))}
+
+
+@pytest.mark.parametrize("page", publish.PAGES, ids=lambda page: page.name)
+def test_every_figures_block_equals_what_its_results_file_generates(page):
+    stale = publish.stale_blocks(page.read_text(encoding="utf-8"))
+    assert not stale, f"{page.name}: rerun `python docs/publish.py` (or the run itself): {stale}"
+
+
+@pytest.mark.parametrize("results", RESULTS, ids=lambda path: path.stem)
+def test_every_results_file_is_published_and_says_where_it_came_from(results):
+    source = results.relative_to(REPO_ROOT).as_posix()
+    assert source in PUBLISHED, f"{source} is on no page"
+    figures = json.loads(results.read_text(encoding="utf-8"))
+    assert re.fullmatch(r"[0-9a-f]{40}", figures["commit"]), (
+        f"{source} was produced by uncommitted code ({figures['commit']}): commit, then rerun")
+    assert figures["command"].split()[0] in ("python", "hf-ext")
+    assert figures["date"] and figures["machine"] and figures["versions"]["torch"]
+    assert not figures.get("quick"), f"{source} is a --quick smoke run, not a result"
+    if "script" in figures:
+        assert figures["command"].startswith(f"python {figures['script']}")
+    if "per_seed" in figures:  # a reproduction or the demo: several seeds
+        assert len(figures["seeds"]) >= 3
+        assert [seed["seed"] for seed in figures["per_seed"]] == figures["seeds"]
+
+
+def test_the_check_finds_a_changed_figure_and_a_missing_results_file():
+    page = next(page for page in publish.PAGES if "<!-- figures from " in page.read_text(encoding="utf-8"))
+    text = page.read_text(encoding="utf-8")
+    match = publish.BLOCK.search(text)
+    number = re.search(r"\d\.\d\d", match.group("body"))  # a figure inside the block
+    changed = text[:match.start("body") + number.start()] + "9.99" + text[match.start("body") + number.end():]
+    (stale,) = publish.stale_blocks(changed)
+    assert stale.startswith(match.group("source")) and "9.99" in stale
+    assert publish.stale_blocks(publish.published(changed)) == []
+    with pytest.raises(SystemExit, match="no such results file"):
+        publish.stale_blocks("<!-- figures from docs/results/gone.json -->\n| 1.00 |\n<!-- end of figures -->")
