@@ -14,7 +14,7 @@ import collections
 import enum
 import pickle
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +175,7 @@ def vocabulary_labels(vocabulary: OriginalVocabulary) -> list[str]:
     return [label for _, label in sorted(index.items())]
 
 
-def original_globals() -> list[tuple[object, str]]:
+def original_globals() -> list[tuple[Callable[..., object], str]]:
     """The stand-ins as `(object, "original.module.Name")` pairs for `safe_torch_load(extra_globals=...)`."""
     return [*((stand_in, path) for path, stand_in in ORIGINAL_ENUMS.items()),
             (original_enum_member, "builtins.getattr"),
