@@ -52,12 +52,12 @@ class MTDNNSANStates(ModelOutput):
     turn_logits (`torch.FloatTensor` of shape `(T, B, C)`): each turn's classifier logits.
     """
 
-    initial_state: torch.FloatTensor | None = None
-    attention_scores: torch.FloatTensor | None = None
-    premise_summaries: torch.FloatTensor | None = None
-    states: torch.FloatTensor | None = None
-    rnn_outputs: torch.FloatTensor | None = None
-    turn_logits: torch.FloatTensor | None = None
+    initial_state: torch.Tensor | None = None
+    attention_scores: torch.Tensor | None = None
+    premise_summaries: torch.Tensor | None = None
+    states: torch.Tensor | None = None
+    rnn_outputs: torch.Tensor | None = None
+    turn_logits: torch.Tensor | None = None
 
 
 @dataclass
@@ -73,11 +73,11 @@ class MTDNNOutput(ModelOutput):
     san_states (`MTDNNSANStates`): SAN heads only, with `output_san_states=True`.
     """
 
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    group_logits: torch.FloatTensor | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    group_logits: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
     san_states: MTDNNSANStates | None = None
 
 
@@ -277,9 +277,9 @@ class MTDNNModel(MTDNNPreTrainedModel):
             raise ValueError(f"{misfit}: missing {missing[:3]}, unexpected {unexpected[:3]}")
         return model
 
-    def encode(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.LongTensor | None = None,
-               token_type_ids: torch.LongTensor | None = None, position_ids: torch.LongTensor | None = None,
-               inputs_embeds: torch.FloatTensor | None = None, **kwargs: Any) -> BaseModelOutput:
+    def encode(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+               inputs_embeds: torch.Tensor | None = None, **kwargs: Any) -> BaseModelOutput:
         """The encoder's output; `token_type_ids` reach it only where it has segment embeddings."""
         if self.encoder_reads_segments:
             kwargs["token_type_ids"] = token_type_ids
@@ -302,9 +302,9 @@ class MTDNNModel(MTDNNPreTrainedModel):
             task = task[0]
         return self.config.task(task)
 
-    def head_logits(self, task: str | int, sequence_output: torch.Tensor, token_type_ids: torch.LongTensor,
-                    attention_mask: torch.LongTensor, premise_mask: torch.BoolTensor | None = None,
-                    hypothesis_mask: torch.BoolTensor | None = None, output_san_states: bool = False,
+    def head_logits(self, task: str | int, sequence_output: torch.Tensor, token_type_ids: torch.Tensor,
+                    attention_mask: torch.Tensor, premise_mask: torch.Tensor | None = None,
+                    hypothesis_mask: torch.Tensor | None = None, output_san_states: bool = False,
                     ) -> tuple[torch.Tensor, MTDNNSANStates | None]:
         """The logits of one task's head on the encoder's output (a SAN head derives its premise and hypothesis
         masks from the segment ids and the attention mask when they are not given) and a SAN head's states."""
@@ -326,15 +326,15 @@ class MTDNNModel(MTDNNPreTrainedModel):
     @can_return_tuple
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        attention_mask: torch.LongTensor | None = None,
+        input_ids: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         task: str | int | torch.Tensor | None = None,
-        premise_mask: torch.BoolTensor | None = None,
-        hypothesis_mask: torch.BoolTensor | None = None,
+        premise_mask: torch.Tensor | None = None,
+        hypothesis_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         group_size: int | None = None,
         output_san_states: bool = False,
         output_attentions: bool | None = None,
@@ -418,14 +418,14 @@ class MTDNNForSequenceClassification(MTDNNModel):
     @can_return_tuple
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.LongTensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        premise_mask: torch.BoolTensor | None = None,
-        hypothesis_mask: torch.BoolTensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        premise_mask: torch.Tensor | None = None,
+        hypothesis_mask: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> SequenceClassifierOutput:
         ranking = self.config.task(self.task)["type"] == "ranking"

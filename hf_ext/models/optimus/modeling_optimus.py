@@ -51,23 +51,23 @@ class OptimusOutput(ModelOutput):
     encoder_last_hidden_state, encoder_pooler_output, encoder_hidden_states, encoder_attentions: the BERT encoder's.
     """
 
-    loss: torch.FloatTensor | None = None
-    loss_rec: torch.FloatTensor | None = None
-    loss_kl: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    latent_z: torch.FloatTensor | None = None
-    mean: torch.FloatTensor | None = None
-    logvar: torch.FloatTensor | None = None
+    loss: torch.Tensor | None = None
+    loss_rec: torch.Tensor | None = None
+    loss_kl: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    latent_z: torch.Tensor | None = None
+    mean: torch.Tensor | None = None
+    logvar: torch.Tensor | None = None
     if CACHE_NAME == "cache":
         cache: Cache | None = None
     else:
         past_key_values: Cache | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
-    encoder_last_hidden_state: torch.FloatTensor | None = None
-    encoder_pooler_output: torch.FloatTensor | None = None
-    encoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    encoder_attentions: tuple[torch.FloatTensor, ...] | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+    encoder_last_hidden_state: torch.Tensor | None = None
+    encoder_pooler_output: torch.Tensor | None = None
+    encoder_hidden_states: tuple[torch.Tensor, ...] | None = None
+    encoder_attentions: tuple[torch.Tensor, ...] | None = None
 
 
 def kl_per_dimension(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
@@ -228,14 +228,14 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
     @accept_past_key_values
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        decoder_input_ids: torch.LongTensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        decoder_input_ids: torch.Tensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
-        decoder_position_ids: torch.LongTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        latent_z: torch.FloatTensor | None = None,
+        decoder_position_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        latent_z: torch.Tensor | None = None,
         cache: Cache | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
@@ -338,7 +338,7 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
             **kwargs,
         )
 
-    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, next_sequence_length: int | None = None,
+    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, next_sequence_length: int | None = None,
                                       attention_mask: torch.Tensor | None = None, **kwargs: Any) -> dict[str, Any]:
         # generate() grows the decoder sequence under the name `input_ids`; the encoder side is not used here. The
         # cache travels in `kwargs` under the installed version's name (CACHE_NAME).
@@ -402,9 +402,9 @@ class OptimusForSequenceClassification(OptimusPreTrainedModel):
     @can_return_tuple
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,

@@ -58,13 +58,13 @@ class UniversalTransformerModelOutput(ModelOutput):
     cross_attentions (`tuple(torch.FloatTensor)`): the decoder's, likewise, over the encoder positions.
     """
 
-    last_hidden_state: torch.FloatTensor | None = None
-    n_updates: torch.FloatTensor | None = None
-    remainders: torch.FloatTensor | None = None
-    ponder_cost: torch.FloatTensor | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
-    cross_attentions: tuple[torch.FloatTensor, ...] | None = None
+    last_hidden_state: torch.Tensor | None = None
+    n_updates: torch.Tensor | None = None
+    remainders: torch.Tensor | None = None
+    ponder_cost: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+    cross_attentions: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass
@@ -76,13 +76,13 @@ class UniversalTransformerSequenceClassifierOutput(ModelOutput):
         `UniversalTransformerModelOutput`.
     """
 
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    ponder_cost: torch.FloatTensor | None = None
-    n_updates: torch.FloatTensor | None = None
-    remainders: torch.FloatTensor | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    ponder_cost: torch.Tensor | None = None
+    n_updates: torch.Tensor | None = None
+    remainders: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass
@@ -96,21 +96,21 @@ class UniversalTransformerSeq2SeqLMOutput(ModelOutput):
     decoder_* / encoder_*: each side's `UniversalTransformerModelOutput` fields.
     """
 
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    ponder_cost: torch.FloatTensor | None = None
-    decoder_n_updates: torch.FloatTensor | None = None
-    decoder_remainders: torch.FloatTensor | None = None
-    decoder_ponder_cost: torch.FloatTensor | None = None
-    decoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    decoder_attentions: tuple[torch.FloatTensor, ...] | None = None
-    cross_attentions: tuple[torch.FloatTensor, ...] | None = None
-    encoder_last_hidden_state: torch.FloatTensor | None = None
-    encoder_n_updates: torch.FloatTensor | None = None
-    encoder_remainders: torch.FloatTensor | None = None
-    encoder_ponder_cost: torch.FloatTensor | None = None
-    encoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    encoder_attentions: tuple[torch.FloatTensor, ...] | None = None
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    ponder_cost: torch.Tensor | None = None
+    decoder_n_updates: torch.Tensor | None = None
+    decoder_remainders: torch.Tensor | None = None
+    decoder_ponder_cost: torch.Tensor | None = None
+    decoder_hidden_states: tuple[torch.Tensor, ...] | None = None
+    decoder_attentions: tuple[torch.Tensor, ...] | None = None
+    cross_attentions: tuple[torch.Tensor, ...] | None = None
+    encoder_last_hidden_state: torch.Tensor | None = None
+    encoder_n_updates: torch.Tensor | None = None
+    encoder_remainders: torch.Tensor | None = None
+    encoder_ponder_cost: torch.Tensor | None = None
+    encoder_hidden_states: tuple[torch.Tensor, ...] | None = None
+    encoder_attentions: tuple[torch.Tensor, ...] | None = None
 
 
 def timing_signal(length: int, channels: int, device: torch.device | str | None = None,
@@ -464,10 +464,10 @@ class UniversalTransformerStack(nn.Module):
 
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        encoder_hidden_states: torch.FloatTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
@@ -618,9 +618,9 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
     @can_return_tuple
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         **kwargs: Any,
@@ -659,9 +659,9 @@ class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrain
     @can_return_tuple
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
@@ -730,7 +730,7 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
     def _supports_default_dynamic_cache(cls):
         return False  # no decoding cache: nothing for generate() to build
 
-    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, next_sequence_length: int | None = None,
+    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, next_sequence_length: int | None = None,
                                       **kwargs: Any) -> dict[str, Any]:
         # without a cache every step re-reads the whole decoder prefix (the ACT loop runs over all of it); a cache
         # arrives under no name this model reads (`cache` since transformers 5.24, `past_key_values` before)
@@ -755,14 +755,14 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
     @can_return_tuple
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_input_ids: torch.Tensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: UniversalTransformerModelOutput | tuple | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        decoder_inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         **kwargs: Any,
