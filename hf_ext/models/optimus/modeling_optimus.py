@@ -168,7 +168,9 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
         return self.decoder.wte
 
     def set_input_embeddings(self, value: nn.Module) -> None:
-        self.decoder.wte = value
+        # transformers' contract takes any module, as GPT2Model.set_input_embeddings does; mypy infers GPT2Model's
+        # `wte` from its constructor as nn.Embedding
+        self.decoder.wte = value  # type: ignore[assignment]
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
@@ -281,10 +283,12 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
 
         loss = loss_rec = loss_kl = None
         if mean is not None:
+            assert logvar is not None  # encoded with the mean
             # the original switches to plain KL while the schedule holds beta at 0
             fb_mode = 0 if (config.fb_mode == 1 and self.beta == 0) else config.fb_mode
             loss_kl = kl_divergence(mean, logvar, fb_mode, config.dim_target_kl)
         if labels is not None:
+            assert logits is not None  # the decoder input defaults to the labels
             loss_rec = reconstruction_loss(logits, labels, config.decoder.pad_token_id)
             per_example = loss_rec
             if config.length_weighted_loss:
@@ -380,6 +384,7 @@ class OptimusForSequenceClassification(OptimusPreTrainedModel):
         dropout = config.classifier_dropout
         self.dropout = nn.Dropout(config.encoder.hidden_dropout_prob if dropout is None else dropout)
         feature_size = config.encoder.hidden_size if config.classifier_feature == "pooled" else config.latent_size
+        assert config.num_labels is not None  # PretrainedConfig sets it (2 unless given)
         self.classifier = nn.Linear(feature_size, config.num_labels)
         self.post_init()
 
