@@ -22,7 +22,7 @@ gradients agree.
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -251,7 +251,9 @@ class UniversalTransformerAttention(nn.Module):
 
 def padded_conv(conv: nn.Module, hidden: torch.Tensor, causal: bool) -> torch.Tensor:
     """Apply a `Conv1d` along the sequence of `[batch, length, channels]`: SAME padding, or LEFT (causal)."""
-    width = conv.weight.shape[-1]  # not kernel_size: adapter wrappers (PEFT LoRA) expose the weight only
+    weight = conv.weight  # not kernel_size: adapter wrappers (PEFT LoRA) expose the weight only
+    assert isinstance(weight, torch.Tensor)
+    width = weight.shape[-1]
     padding = (width - 1, 0) if causal else (width // 2, (width - 1) // 2)
     return conv(F.pad(hidden.transpose(1, 2), padding)).transpose(1, 2)
 
@@ -531,6 +533,7 @@ class UniversalTransformerStack(nn.Module):
             ponder_cost = ((n_updates + remainders) * counted).sum() / counted.sum().clamp(min=1.0)
             keys = {"attentions": length}
             if self.is_decoder:
+                assert encoder_hidden_states is not None  # a decoder without them was refused above
                 keys["cross_attentions"] = encoder_hidden_states.shape[1]
             # zero maps are built only for what is recorded: an unrecorded forward allocates nothing here
             fill_steps_not_taken(recorded, act.max_steps,
@@ -647,6 +650,7 @@ class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrain
         self.universal_transformer = UniversalTransformerModel(config)
         dropout = config.classifier_dropout
         self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else dropout)
+        assert config.num_labels is not None  # PretrainedConfig sets it (2 unless given)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -777,7 +781,7 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
             encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
                                            inputs_embeds=inputs_embeds, output_attentions=output_attentions,
                                            output_hidden_states=output_hidden_states)
-        elif not isinstance(encoder_outputs, UniversalTransformerModelOutput):  # a tuple: its first item is the state
+        if not isinstance(encoder_outputs, UniversalTransformerModelOutput):  # a tuple: its first item is the state
             encoder_outputs = UniversalTransformerModelOutput(last_hidden_state=encoder_outputs[0])
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = shift_tokens_right(labels, config.pad_token_id, config.decoder_start_token_id)
@@ -796,7 +800,8 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
                                    ignore_index=-100, label_smoothing=config.label_smoothing)
             loss = loss + act_loss(config, *ponder_costs)
         return UniversalTransformerSeq2SeqLMOutput(
-            loss=loss, logits=logits, ponder_cost=sum(ponder_costs) if ponder_costs else None,
+            # a sum of tensors: `ponder_costs` is not empty here (typeshed's sum also allows its start value, 0)
+            loss=loss, logits=logits, ponder_cost=cast(torch.Tensor, sum(ponder_costs)) if ponder_costs else None,
             decoder_n_updates=decoder_outputs.n_updates, decoder_remainders=decoder_outputs.remainders,
             decoder_ponder_cost=decoder_outputs.ponder_cost, decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions, cross_attentions=decoder_outputs.cross_attentions,
