@@ -146,11 +146,11 @@ class Ernie2ForPreTraining(ErniePreTrainedModel):
         outputs = self.ernie(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                              task_type_ids=task_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds,
                              return_dict=True, **kwargs)
-        labels = dict(zip(PRETRAINING_TASKS, (
+        passed = dict(zip(PRETRAINING_TASKS, (
             knowledge_masking_labels, capitalization_labels, token_document_relation_labels,
             sentence_reordering_labels, sentence_distance_labels, discourse_relation_labels, ir_relevance_labels),
             strict=True))
-        labels = {task: value for task, value in labels.items() if value is not None}
+        labels = {task: value for task, value in passed.items() if value is not None}
         result = {}
         for task in labels or PRETRAINING_TASKS:
             features = outputs.last_hidden_state if task in TOKEN_LEVEL_TASKS else outputs.pooler_output
@@ -215,7 +215,8 @@ class Ernie2ForPreTraining(ErniePreTrainedModel):
         does not train: it is written as zeros (it predicts 50/50)."""
         settings = encoder_settings(self.config)
         settings["architectures"] = ["ErnieForPreTraining"]
-        model = ErnieForPreTraining(ErnieConfig(**settings)).to(self.device, self.dtype)
+        # transformers' PreTrainedModel.to is functools.wraps(nn.Module.to) of a method, which mypy does not bind
+        model = ErnieForPreTraining(ErnieConfig(**settings)).to(self.device, self.dtype)  # type: ignore[arg-type]
         state = {name: tensor for name, tensor in self.state_dict().items()
                  if name.startswith(("ernie.", "cls.predictions."))}
         model.load_state_dict(state, strict=False)
