@@ -207,6 +207,8 @@ def finetune_optimus(model: "OptimusModel | PeftModel", processor: OptimusProces
     complete one: the beta schedule and the data order continue where they stopped. Returns the `OptimusTrainer`
     after training."""
     if args is None:
+        if output_dir is None:
+            raise TypeError("give output_dir (the Trainer's working folder) or args")
         saving = {"save_strategy": "steps", "save_steps": save_steps, "save_total_limit": save_total_limit} \
             if save_steps else {}
         args = training_arguments(output_dir, max_steps=max_steps, per_device_train_batch_size=batch_size,

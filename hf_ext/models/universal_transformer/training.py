@@ -241,6 +241,8 @@ def train_algorithmic(model: "PreTrainedModel | PeftModel", train_dataset: "Data
     training example at a random position below it (`PositionOffsetCollator`; Universal Transformers only). Returns
     the trainer."""
     if args is None:
+        if output_dir is None:
+            raise TypeError("give output_dir (the Trainer's working folder) or args")
         if warmup_steps is None:
             if max_steps is None:
                 raise TypeError("give max_steps (the warm-up defaults to a tenth of it) or warmup_steps")
