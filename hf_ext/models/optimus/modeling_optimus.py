@@ -289,10 +289,13 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
             loss_kl = kl_divergence(mean, logvar, fb_mode, config.dim_target_kl)
         if labels is not None:
             assert logits is not None  # the decoder input defaults to the labels
-            loss_rec = reconstruction_loss(logits, labels, config.decoder.pad_token_id)
+            pad_token_id = config.decoder.pad_token_id
+            if pad_token_id is None:
+                raise ValueError("labels are padded with the decoder's pad_token_id, which its config does not set")
+            loss_rec = reconstruction_loss(logits, labels, pad_token_id)
             per_example = loss_rec
             if config.length_weighted_loss:
-                per_example = loss_rec / (labels != config.decoder.pad_token_id).sum(-1).to(loss_rec.dtype)
+                per_example = loss_rec / (labels != pad_token_id).sum(-1).to(loss_rec.dtype)
             if loss_kl is not None:
                 per_example = per_example + self.beta * loss_kl
             loss = per_example.mean()
