@@ -9,7 +9,7 @@ import codecs
 import pickle
 import re
 import zipfile
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +44,9 @@ def allowed_globals() -> list:
     ]
 
 
-def safe_torch_load(path: str | Path, what: str = "checkpoint", extra_globals: tuple = ()) -> object:
+def safe_torch_load(path: str | Path, what: str = "checkpoint",
+                    extra_globals: Collection[Callable[..., object] | tuple[Callable[..., object], str]] = (),
+                    ) -> object:
     """Load a torch checkpoint without executing code; one clear `HfExtError` line for anything that is not one.
 
     `extra_globals` extends the allowlist for one load, e.g. with `(stand_in, "original.module.Name")` pairs that

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import torch
 
@@ -62,6 +62,9 @@ class Tolerance:
 
 
 EXACT = Tolerance()
+
+# the converted model a converter's `reference_outputs` runs (`compare_with_reference`)
+ModelT = TypeVar("ModelT", bound=torch.nn.Module)
 
 
 class Compared(NamedTuple):
@@ -121,8 +124,8 @@ def compare_output(name: str, ours: torch.Tensor, expected: torch.Tensor, tolera
     return ParityCheck(name, difference.max().item(), tolerance, excess.max().item())
 
 
-def compare_with_reference(model: torch.nn.Module, reference: dict[str, torch.Tensor], path: str | Path,
-                           reference_outputs: Callable[[torch.nn.Module, dict], dict[str, Compared]],
+def compare_with_reference(model: ModelT, reference: dict[str, torch.Tensor], path: str | Path,
+                           reference_outputs: Callable[[ModelT, dict[str, torch.Tensor]], dict[str, Compared]],
                            ) -> list[ParityCheck]:
     """Run a converter's `reference_outputs(model, reference)` (the model's outputs on the reference's inputs beside
     the original's, with their tolerances) and compare each (`compare_output`), refusing a reference of another

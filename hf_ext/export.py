@@ -24,13 +24,13 @@ def empty_model(model_class: type[PreTrainedModel], config: PretrainedConfig) ->
         return model_class(config)
 
 
-def expected_tensors(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+def expected_tensors(model: PreTrainedModel) -> dict[str, tuple[int, ...]]:
     """`{name: shape}` of what a checkpoint of `model` holds (tied copies excluded)."""
     tied = set(getattr(model, "all_tied_weights_keys", {}) or {}) if model.config.tie_word_embeddings else set()
     return {name: tuple(t.shape) for name, t in model.state_dict().items() if name not in tied}
 
 
-def check_state_dict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
+def check_state_dict(model: PreTrainedModel, state_dict: dict[str, torch.Tensor], source: str) -> None:
     """One clear error for missing keys, unexpected keys, shapes that disagree with the config, integer or boolean
     values where the model has floating-point weights, and NaN or infinite weights (every converter checks here)."""
     expected = expected_tensors(model)
@@ -71,7 +71,8 @@ def write_model_folder(folder: str | Path, model_class: type[PreTrainedModel], c
     check_state_dict(model, state_dict, source)
     if auto_map is not None:
         # copies the defining files (and their sibling imports) so that trust_remote_code loading works
-        custom_object_save(model, folder, config=config)
+        # transformers annotates `config` as a dict, but takes a configuration object too (its docstring's first type)
+        custom_object_save(model, folder, config=config)  # type: ignore[arg-type]
         config.auto_map = dict(auto_map)
     config.architectures = [model_class.__name__]
     config.save_pretrained(folder)

@@ -6,7 +6,7 @@ The layouts are those of namisan/mt-dnn's `experiments/glue/glue_utils.py` (HEAD
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from transformers.utils import logging
@@ -32,9 +32,9 @@ class GlueLayout:
     premise: str
     hypothesis: str | None
     label: str
-    labels: tuple | None = None
+    labels: tuple[str, ...] | None = None
     num_labels: int = 2
-    headerless: tuple | None = None
+    headerless: tuple[str, ...] | None = None
 
 
 GLUE_LAYOUTS = {
@@ -142,7 +142,7 @@ def read_glue_tsv(path: str | Path, spec: dict, tokenizer: "PreTrainedTokenizerB
                          f"{shape.premise!r} column")
     columns = {name: header.index(name) for name in (shape.premise, shape.hypothesis, shape.label) if name in header}
     names = spec.get("labels") or list(shape.labels or ())
-    rows = {"premise": [], "hypothesis": [], "labels": []}
+    rows: dict[str, list[Any]] = {"premise": [], "hypothesis": [], "labels": []}
     for number, line in enumerate(lines[start:], start + 1):
         if not line.strip():
             continue
@@ -156,6 +156,7 @@ def read_glue_tsv(path: str | Path, spec: dict, tokenizer: "PreTrainedTokenizerB
                 continue
             where = f"{path}, line {number}"
             if spec["type"] == "ranking":
+                assert shape.labels is not None  # a ranking task's layout has labels (checked above)
                 label = _label_id(value, list(shape.labels), len(shape.labels), where)
             elif spec["type"] == "regression":
                 try:

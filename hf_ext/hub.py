@@ -237,7 +237,8 @@ def push_folder(folder: str | Path, repo_id: str, token: str | None = None, priv
         if published_card != card:
             logger.info(f"  ({CARD}: the model loaded by {repo_id!r} instead of the folder's name)")
         operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=published_card.encode("utf-8")
-                                         if name == CARD and published_card != card else str(path))
+                                         if name == CARD and published_card is not None and published_card != card
+                                         else str(path))
                       for name, path in files]
         info = api.create_commit(repo_id, operations, repo_type="model", revision=revision,
                                  commit_message=commit_message or f"Upload {folder.name} with hf-ext")
@@ -248,7 +249,7 @@ def push_folder(folder: str | Path, repo_id: str, token: str | None = None, priv
     return url
 
 
-def _size(size: int) -> str:
+def _size(size: float) -> str:
     for unit in ("bytes", "KiB", "MiB"):
         if size < 1024 or unit == "MiB":
             return f"{size} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
@@ -293,7 +294,8 @@ def hub_offline() -> Iterator[None]:
     only reads local files. huggingface_hub (and transformers through it) reads `constants.HF_HUB_OFFLINE` at each
     call; `datasets`, when already imported, keeps its own copy. Without it, loading from a local Hub cache still
     asks the Hub for an `adapter_config.json` and huggingface_hub fetches its agent registry for request headers."""
-    modules = [constants, sys.modules.get("datasets.config")]
+    # each holds its own HF_HUB_OFFLINE flag (None: datasets is not imported)
+    modules: list[Any] = [constants, sys.modules.get("datasets.config")]
     previous = [module.HF_HUB_OFFLINE for module in modules if module is not None]
     for module in modules:
         if module is not None:

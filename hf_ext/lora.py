@@ -37,8 +37,10 @@ def add_lora(model: PreTrainedModel, r: int = 8, lora_alpha: float = 16, lora_dr
     if not targets:
         raise ValueError("give at least one LoRA target module")
     saved = plan.modules_to_save(model) if modules_to_save is None else list(modules_to_save)
-    config = LoraConfig(task_type=plan.task_type(model), r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-                        target_modules=targets, modules_to_save=saved or None, fan_in_fan_out=plan.fan_in_fan_out)
+    # peft annotates lora_alpha as int, but scales by lora_alpha / r: a float alpha (hf-ext mtdnn --lora-alpha) works
+    config = LoraConfig(task_type=plan.task_type(model), r=r, lora_alpha=lora_alpha,  # type: ignore[arg-type]
+                        lora_dropout=lora_dropout, target_modules=targets, modules_to_save=saved or None,
+                        fan_in_fan_out=plan.fan_in_fan_out)
     with quiet_peft():
         return get_peft_model(model, config)
 

@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -215,8 +215,9 @@ def _quiet_exporter() -> Iterator[None]:
 def export_graph(graph: OnnxGraph, path: Path) -> None:
     """`torch.onnx.export` (dynamo) of one graph at its export shape, with its dynamic axes."""
     inputs = graph.make_inputs(graph.export_dims, torch.Generator().manual_seed(0))
-    dims = {}
-    dynamic_shapes = tuple({axis: dims.setdefault(dim, torch.export.Dim(dim))
+    dims: dict[str, torch.export.Dim] = {}
+    # per input its {axis: Dim} (None: static), the inputs of `*args` together in one tuple
+    dynamic_shapes: tuple[Any, ...] = tuple({axis: dims.setdefault(dim, torch.export.Dim(dim))
                             for axis, dim in graph.dynamic_axes.get(name, {}).items()} or None
                            for name in graph.input_names)
     parameters = list(inspect.signature(graph.module.forward).parameters.values())
@@ -229,6 +230,7 @@ def export_graph(graph: OnnxGraph, path: Path) -> None:
                                         dynamo=True, opset_version=OPSET, input_names=graph.input_names,
                                         output_names=graph.output_names, dynamic_shapes=dynamic_shapes,
                                         verbose=False, report=False)
+            assert program is not None  # the dynamo exporter returns the program it built
             program.save(str(path))
     except Exception as error:  # noqa: BLE001 - the exporter raises many kinds; the user needs one line
         raise HfExtError(f"exporting {path.name} failed: {export_failure(error)}") from error
@@ -279,11 +281,12 @@ def check_graph(graph: OnnxGraph, path: Path, tolerance: float | None) -> list[d
             errors[name] = float(np.abs(want - got).max()) if want.size else 0.0
             if name in graph.label_outputs:
                 agreement[name] = float((want.argmax(-1) == got.argmax(-1)).mean())
-        check = {"dims": dims, "max_abs_error": max(errors.values()), "errors": errors}
+        max_abs_error = max(errors.values())
+        check = {"dims": dims, "max_abs_error": max_abs_error, "errors": errors}
         if agreement:
             check["argmax_agreement"] = agreement
-        if tolerance is not None and check["max_abs_error"] > tolerance:
-            worst = max(errors, key=errors.get)
+        if tolerance is not None and max_abs_error > tolerance:
+            worst = max(errors, key=errors.__getitem__)
             raise HfExtError(f"{path.name}: ONNX Runtime's {worst} differs from PyTorch by {errors[worst]:.2e} "
                              f"(more than {tolerance:g}) at {dims}")
         checks.append(check)

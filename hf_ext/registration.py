@@ -8,10 +8,13 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 import transformers
-from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel, ProcessorMixin
+
+# the classes a model registers with transformers' Auto classes: its models and, for AutoProcessor, its processor
+AutoClass = type[PreTrainedModel] | type[ProcessorMixin]
 
 
-def register_auto_classes(config_class: type[PretrainedConfig], auto_classes: Mapping[str, type]) -> None:
+def register_auto_classes(config_class: type[PretrainedConfig], auto_classes: Mapping[str, AutoClass]) -> None:
     """Register `config_class` with `AutoConfig` and each class with its Auto class (`{"AutoModel": Model, ...}`).
     The classes are also registered for remote code, so that the folders they save carry their code and an
     `auto_map`, and load with `trust_remote_code=True` where hf-ext is not installed."""
@@ -22,7 +25,7 @@ def register_auto_classes(config_class: type[PretrainedConfig], auto_classes: Ma
         model_class.register_for_auto_class(auto_name)
 
 
-def auto_map(config_class: type[PretrainedConfig], auto_classes: Mapping[str, type]) -> dict[str, str]:
+def auto_map(config_class: type[PretrainedConfig], auto_classes: Mapping[str, AutoClass]) -> dict[str, str]:
     """The `auto_map` of a saved configuration: `{"AutoConfig": "configuration_x.XConfig", "AutoModel": ...}` for the
     configuration and the model classes (a processor records its own in its processor config)."""
     def reference(cls):
@@ -80,7 +83,7 @@ class ModelEntry:
     package: str
     display_name: str
     config_class: type[PretrainedConfig]
-    auto_classes: Mapping[str, type]
+    auto_classes: Mapping[str, AutoClass]
     top_level: tuple[str, ...]
     card_template: str
     conversion_script: str

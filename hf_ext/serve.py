@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from transformers.utils import logging
 
@@ -132,7 +132,8 @@ def launch(app: "gr.Blocks", host: str = DEFAULT_HOST, port: int = DEFAULT_PORT)
     app.queue(max_size=MAX_QUEUED, default_concurrency_limit=1)
     # the run history (Gradio 6.18 and later) records calls and offers to store them on the Hub, with the serving
     # user's token: off (earlier releases have none, and no such option)
-    history = {"run_history": False} if "run_history" in inspect.signature(app.launch).parameters else {}
+    history: dict[str, Any] = {"run_history": False} if "run_history" in inspect.signature(app.launch).parameters \
+        else {}
     try:
         _, url, _ = app.launch(server_name=host, server_port=port, share=False, prevent_thread_lock=True,
                                quiet=True, ssr_mode=False, mcp_server=False, max_file_size=MAX_REQUEST_BYTES,

@@ -5,6 +5,7 @@ JSON is expected, and a YAML loader that refuses alias bombs."""
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -89,3 +90,11 @@ def read_json(path: str | Path, what: str) -> object:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise HfExtError(f"{what} {path} is not valid JSON ({error})") from None
+
+
+def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
+    """A JSON document that must be an object (a config), as `read_json` reads it."""
+    document = read_json(path, what)
+    if not isinstance(document, dict):
+        raise HfExtError(f"{what} {path} is not a JSON object")
+    return document

@@ -12,13 +12,14 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import (
+    PreTrainedModel,
     PreTrainedTokenizerBase,
     PrinterCallback,
     ProcessorMixin,
@@ -33,6 +34,9 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalLoopOutput, Tr
 from transformers.utils import logging
 
 from .output import atomic_output_dir
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 logger = logging.get_logger(__name__)
 TRAINER_STATE = "trainer_state.json"
@@ -82,8 +86,9 @@ def last_complete_checkpoint(folder: str | Path) -> str | None:
     if not folder.is_dir():
         return None
     pattern = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
-    checkpoints = sorted((path for path in folder.iterdir() if path.is_dir() and pattern.fullmatch(path.name)),
-                         key=lambda path: int(pattern.fullmatch(path.name).group(1)))
+    steps = {path: int(match.group(1)) for path in folder.iterdir()
+             if path.is_dir() and (match := pattern.fullmatch(path.name))}
+    checkpoints = sorted(steps, key=steps.__getitem__)
     complete = None
     for checkpoint in checkpoints:
         if _readable_json(checkpoint / TRAINER_STATE):
@@ -185,6 +190,7 @@ class TermLoggingTrainer(Trainer):
         self.eval_terms.reset()
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
                                          metric_key_prefix)
+        assert output.metrics is not None  # Trainer.evaluation_loop always returns its metrics
         output.metrics.update({f"{metric_key_prefix}_{name}": value
                                for name, value in self.eval_terms.means(self.accelerator).items()})
         return output
@@ -230,12 +236,17 @@ def training_output(out: str | Path, overwrite: bool = False) -> Iterator[tuple[
 
 def save_training_run(folder: str | Path, trainer: Trainer,
                       processor: ProcessorMixin | PreTrainedTokenizerBase | None = None, metrics: dict | None = None,
-                      model: torch.nn.Module | None = None) -> None:
+                      model: "PreTrainedModel | PeftModel | None" = None) -> None:
     """What a training command leaves in its output folder: the trained model (`trainer.model`, or `model`; a PEFT
     model saves its adapter and the modules it trains in full), its processor or tokenizer, `log_history.json` and,
     with `metrics`, `eval_results.json`."""
+    from peft import PeftModel
+
     folder = Path(folder)
-    (model or trainer.model).save_pretrained(folder)
+    trained = model or trainer.model
+    if not isinstance(trained, PreTrainedModel | PeftModel):
+        raise TypeError(f"cannot save a {type(trained).__name__}: not a transformers or PEFT model")
+    trained.save_pretrained(str(folder))
     if processor is not None:
         processor.save_pretrained(folder)
     (folder / LOG_HISTORY).write_text(json.dumps(trainer.state.log_history, indent=1))

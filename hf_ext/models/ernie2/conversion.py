@@ -76,6 +76,13 @@ class Weight:
     hf: str
     transpose: bool = False
 
+    @property
+    def static_name(self) -> str:
+        """The name in a static checkpoint's `params/`; refuses the weights only PaddleNLP checkpoints hold."""
+        if self.static is None:
+            raise ValueError(f"{self.paddlenlp} has no name in static checkpoints")
+        return self.static
+
 
 def _linear(static, paddlenlp, hf):
     return [Weight(f"{static}.w_0", f"{paddlenlp}.weight", f"{hf}.weight", True),
@@ -456,6 +463,7 @@ def read_paddlenlp_weights(source: ErnieSource, config: ErnieConfig) -> ErnieWei
     decoder = state.get(UNTIED_DECODER_PADDLENLP)
     untied = decoder is not None and not np.array_equal(decoder, state[table[0].paddlenlp])  # else the tied alias
     if untied:  # [vocab, hidden] like the embedding it replaces, or a Linear's [hidden, vocab]
+        assert decoder is not None  # an untied decoder is there
         vocab_first = decoder.shape == (config.vocab_size, config.hidden_size)
         table.append(Weight(None, UNTIED_DECODER_PADDLENLP, UNTIED_DECODER_PADDLENLP, not vocab_first))
         shapes[UNTIED_DECODER_PADDLENLP] = (config.vocab_size, config.hidden_size)
@@ -524,7 +532,7 @@ def read_vocab(path: str | Path) -> dict[str, int]:
         lines.pop()
     if not lines:
         raise HfExtError(f"vocabulary {path} is empty")
-    vocab = {}
+    vocab: dict[str, int] = {}
     tab_layout = "\t" in lines[0]
     for number, line in enumerate(lines, 1):
         if tab_layout:
@@ -569,9 +577,11 @@ def source_files(source: ErnieSource, checksums: bool) -> list[dict]:
     not_computed = "not computed (--checksums)"
     if source.format == "static":
         files = sorted(p for p in source.weights_path.iterdir() if p.is_file())
-        manifest = "".join(f"{sha256(p)}  {p.name}\n" for p in files) if checksums else None
-        digest = f"{hashlib.sha256(manifest.encode()).hexdigest()} (of the sha256sum manifest)" if checksums \
-            else not_computed
+        if checksums:
+            manifest = "".join(f"{sha256(p)}  {p.name}\n" for p in files)
+            digest = f"{hashlib.sha256(manifest.encode()).hexdigest()} (of the sha256sum manifest)"
+        else:
+            digest = not_computed
         rows.append({"name": f"params/ ({len(files)} files)", "bytes": sum(p.stat().st_size for p in files),
                      "sha256": digest})
     else:
@@ -591,14 +601,17 @@ def reference_outputs(model: ErnieForPreTraining, reference: dict[str, torch.Ten
     """The converted model's outputs beside the original's (the fixtures' `reference.safetensors` layout): key-mask
     tensors at every position, original-mask tensors at real tokens."""
     model.eval()
-    inputs = {"input_ids": reference["input_ids"], "attention_mask": reference["attention_mask"],
-              **{k: reference[k] for k in ("token_type_ids", "position_ids", "task_type_ids") if k in reference}}
+    inputs: dict[str, torch.Tensor] = {
+        "input_ids": reference["input_ids"], "attention_mask": reference["attention_mask"],
+        **{k: reference[k] for k in ("token_type_ids", "position_ids", "task_type_ids") if k in reference}}
     if not model.config.use_task_id:
         inputs.pop("task_type_ids", None)
     with torch.no_grad():
         out = model(**inputs, output_hidden_states=True)
     sequence, logits = out.hidden_states[-1], out.prediction_logits
-    pooled = model.ernie.pooler(sequence)
+    pooler = model.ernie.pooler
+    assert pooler is not None  # ErnieForPreTraining builds its encoder with the pooler
+    pooled = pooler(sequence)
     real = reference["attention_mask"].bool()
     ours = {"sequence_output_key_mask": sequence, "mlm_logits_key_mask": logits, "pooled_output": pooled,
             "sequence_output": sequence[real], "mlm_logits": logits[real]}
@@ -641,6 +654,7 @@ def convert_ernie2_checkpoint(src: str | Path, out: str | Path, *, vocab: str | 
                            source=str(source.weights_path))
         parity = []
         if reference is not None:
+            assert reference_tensors is not None  # loaded with the reference above
             logger.info(f"comparing with the original's outputs in {reference}")
             parity = compare_with_reference(ErnieForPreTraining.from_pretrained(staging), reference_tensors, reference,
                                             reference_outputs)

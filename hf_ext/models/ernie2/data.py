@@ -34,7 +34,7 @@ import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -83,7 +83,7 @@ def documents_from_records(records: Iterable[object], where: str = "documents") 
     (a list of paragraphs, each a list of sentences) and optional `entities` / `phrases` (span texts to mask whole)."""
     from datasets import Dataset
 
-    columns = {"paragraphs": [], "entities": [], "phrases": []}
+    columns: dict[str, list[Any]] = {"paragraphs": [], "entities": [], "phrases": []}
     for number, record in enumerate(records, 1):
         here = f"{where}, document {number}"
         if not isinstance(record, dict) or "paragraphs" not in record:
@@ -116,7 +116,10 @@ def load_documents(path: str | Path) -> "Dataset":
     path = Path(path)
     if path.suffix.lower() in (".jsonl", ".json"):
         return documents_from_records([record for _, record in json_lines(path, "documents file")], str(path))
-    documents, paragraphs, sentences, blank_run = [], [], [], 0
+    documents: list[dict[str, list[list[str]]]] = []
+    paragraphs: list[list[str]] = []
+    sentences: list[str] = []
+    blank_run = 0
     for line in [*read_lines(path, "documents file"), "", ""]:
         if line.strip():
             if blank_run >= 2 and paragraphs:
@@ -143,7 +146,7 @@ def load_labelled_pairs(path: str | Path, task: str, num_labels: int = IR_RELEVA
 
     if task not in PAIR_TASKS:
         raise HfExtError(f"labelled pairs are the data of {' and '.join(PAIR_TASKS)}, not {task}")
-    columns = {"sentence1": [], "sentence2": [], "label": []}
+    columns: dict[str, list[Any]] = {"sentence1": [], "sentence2": [], "label": []}
     for where, row in json_lines(path, f"{task} pairs file"):
         if not isinstance(row, dict) or not all(isinstance(row.get(key), str) and row[key].strip()
                                                 for key in ("sentence1", "sentence2")):
@@ -307,7 +310,7 @@ class Segment:
 
     def first_pieces(self) -> dict[int, int]:
         """`{word index: position of its first piece}` for the words whose first piece is present."""
-        first = {}
+        first: dict[int, int] = {}
         for position, word in enumerate(self.word_of_piece):
             first.setdefault(word, position)
         return first
@@ -364,7 +367,9 @@ class Ernie2DataBuilder:
     def sentence_windows(segments: Iterable[Segment], budget: int) -> list[list[Segment]]:
         """Consecutive sentences grouped into lists of at most `budget` pieces together (a longer sentence alone,
         cut to `budget`); sentences without pieces are left out."""
-        windows, current, size = [], [], 0
+        windows: list[list[Segment]] = []
+        current: list[Segment] = []
+        size = 0
         for segment in segments:
             if not segment.ids:
                 continue
@@ -415,12 +420,12 @@ class Ernie2DataBuilder:
         for start, end in segment.spans:
             for word in range(start, end):
                 in_span[word] = (start, end)
-        units = {}
+        positions_of_unit: dict[tuple[int, int], list[int]] = {}
         for position, word in enumerate(segment.word_of_piece):
-            units.setdefault(in_span.get(word, (word, word + 1)), []).append(position)
-        units = list(units.values())
+            positions_of_unit.setdefault(in_span.get(word, (word, word + 1)), []).append(position)
+        units = list(positions_of_unit.values())
         budget = max(1, round(self.mask_probability * len(segment.ids)))
-        chosen = []
+        chosen: list[int] = []
         for unit in (units[i] for i in rng.permutation(len(units))):
             if len(chosen) + len(unit) <= budget:
                 chosen += unit

@@ -71,23 +71,23 @@ class Ernie2PreTrainingOutput(ModelOutput):
     hidden_states, attentions: the encoder's, when requested.
     """
 
-    loss: torch.FloatTensor | None = None
-    knowledge_masking_loss: torch.FloatTensor | None = None
-    capitalization_loss: torch.FloatTensor | None = None
-    token_document_relation_loss: torch.FloatTensor | None = None
-    sentence_reordering_loss: torch.FloatTensor | None = None
-    sentence_distance_loss: torch.FloatTensor | None = None
-    discourse_relation_loss: torch.FloatTensor | None = None
-    ir_relevance_loss: torch.FloatTensor | None = None
-    knowledge_masking_logits: torch.FloatTensor | None = None
-    capitalization_logits: torch.FloatTensor | None = None
-    token_document_relation_logits: torch.FloatTensor | None = None
-    sentence_reordering_logits: torch.FloatTensor | None = None
-    sentence_distance_logits: torch.FloatTensor | None = None
-    discourse_relation_logits: torch.FloatTensor | None = None
-    ir_relevance_logits: torch.FloatTensor | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
+    loss: torch.Tensor | None = None
+    knowledge_masking_loss: torch.Tensor | None = None
+    capitalization_loss: torch.Tensor | None = None
+    token_document_relation_loss: torch.Tensor | None = None
+    sentence_reordering_loss: torch.Tensor | None = None
+    sentence_distance_loss: torch.Tensor | None = None
+    discourse_relation_loss: torch.Tensor | None = None
+    ir_relevance_loss: torch.Tensor | None = None
+    knowledge_masking_logits: torch.Tensor | None = None
+    capitalization_logits: torch.Tensor | None = None
+    token_document_relation_logits: torch.Tensor | None = None
+    sentence_reordering_logits: torch.Tensor | None = None
+    sentence_distance_logits: torch.Tensor | None = None
+    discourse_relation_logits: torch.Tensor | None = None
+    ir_relevance_logits: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
 
 
 class Ernie2ForPreTraining(ErniePreTrainedModel):
@@ -128,29 +128,29 @@ class Ernie2ForPreTraining(ErniePreTrainedModel):
     @can_return_tuple
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        task_type_ids: torch.LongTensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        knowledge_masking_labels: torch.LongTensor | None = None,
-        capitalization_labels: torch.LongTensor | None = None,
-        token_document_relation_labels: torch.LongTensor | None = None,
-        sentence_reordering_labels: torch.LongTensor | None = None,
-        sentence_distance_labels: torch.LongTensor | None = None,
-        discourse_relation_labels: torch.LongTensor | None = None,
-        ir_relevance_labels: torch.LongTensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        task_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        knowledge_masking_labels: torch.Tensor | None = None,
+        capitalization_labels: torch.Tensor | None = None,
+        token_document_relation_labels: torch.Tensor | None = None,
+        sentence_reordering_labels: torch.Tensor | None = None,
+        sentence_distance_labels: torch.Tensor | None = None,
+        discourse_relation_labels: torch.Tensor | None = None,
+        ir_relevance_labels: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> Ernie2PreTrainingOutput:
         outputs = self.ernie(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                              task_type_ids=task_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds,
                              return_dict=True, **kwargs)
-        labels = dict(zip(PRETRAINING_TASKS, (
+        passed = dict(zip(PRETRAINING_TASKS, (
             knowledge_masking_labels, capitalization_labels, token_document_relation_labels,
             sentence_reordering_labels, sentence_distance_labels, discourse_relation_labels, ir_relevance_labels),
             strict=True))
-        labels = {task: value for task, value in labels.items() if value is not None}
+        labels = {task: value for task, value in passed.items() if value is not None}
         result = {}
         for task in labels or PRETRAINING_TASKS:
             features = outputs.last_hidden_state if task in TOKEN_LEVEL_TASKS else outputs.pooler_output
@@ -215,7 +215,8 @@ class Ernie2ForPreTraining(ErniePreTrainedModel):
         does not train: it is written as zeros (it predicts 50/50)."""
         settings = encoder_settings(self.config)
         settings["architectures"] = ["ErnieForPreTraining"]
-        model = ErnieForPreTraining(ErnieConfig(**settings)).to(self.device, self.dtype)
+        # transformers' PreTrainedModel.to is functools.wraps(nn.Module.to) of a method, which mypy does not bind
+        model = ErnieForPreTraining(ErnieConfig(**settings)).to(self.device, self.dtype)  # type: ignore[arg-type]
         state = {name: tensor for name, tensor in self.state_dict().items()
                  if name.startswith(("ernie.", "cls.predictions."))}
         model.load_state_dict(state, strict=False)

@@ -76,11 +76,12 @@ def paddle_shapes(ernie_config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     shapes = expected_tensors(empty_model(ErnieForPreTraining, config))
     out = {}
     for weight in parameter_table(config.num_hidden_layers):
+        shape: tuple[int, ...]
         if weight == TASK_EMBEDDING and not ernie_config.get("use_task_id"):
             shape = (config.task_type_vocab_size, config.hidden_size)  # released files may carry it unused
         else:
             shape = shapes[weight.hf]
-        out[weight.static] = tuple(reversed(shape)) if weight.transpose else tuple(shape)
+        out[weight.static_name] = tuple(reversed(shape)) if weight.transpose else tuple(shape)
     return out
 
 
@@ -90,9 +91,9 @@ def random_weights(ernie_config: dict[str, Any], seed: int = 0, untied_decoder: 
     rng = np.random.default_rng(seed)
     shapes = paddle_shapes(ernie_config)
     if untied_decoder:
-        shapes[UNTIED_DECODER_STATIC.static] = (ernie_config["hidden_size"], ernie_config["vocab_size"])
+        shapes[UNTIED_DECODER_STATIC.static_name] = (ernie_config["hidden_size"], ernie_config["vocab_size"])
     if not task_embedding:
-        shapes.pop(TASK_EMBEDDING.static)
+        shapes.pop(TASK_EMBEDDING.static_name)
     weights = {}
     for name, shape in shapes.items():
         noise = rng.standard_normal(shape, dtype=np.float32)
@@ -139,8 +140,10 @@ def write_paddlenlp_folder(folder: str | Path, ernie_config: dict[str, Any], wei
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     names = {w.static: w.paddlenlp for w in parameter_table(ernie_config["num_hidden_layers"])}
-    state = {names[name]: array for name, array in weights.items() if name in names}
-    untied = weights.get(UNTIED_DECODER_STATIC.static)
+    # the weights, and PaddleNLP's bookkeeping entry (a dict)
+    state: dict[str, np.ndarray | dict[str, str]] = {names[name]: array for name, array in weights.items()
+                                                     if name in names}
+    untied = weights.get(UNTIED_DECODER_STATIC.static_name)
     state["cls.predictions.decoder.weight"] = state["ernie.embeddings.word_embeddings.weight"] if untied is None \
         else np.ascontiguousarray(untied.T)
     state["cls.predictions.decoder.bias"] = state["cls.predictions.decoder_bias"]

@@ -19,7 +19,7 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ from ...glue import GLUE_LAYOUTS, glue_task, glue_task_spec, read_glue_tsv
 from ...metrics import load_metric
 from ...output import atomic_output_dir
 from ...trainer import TermLoggingTrainer, last_complete_checkpoint, send_logs_to_stderr
-from . import PRETRAINING_TASKS, Ernie2ForPreTraining
+from . import PRETRAINING_TASKS, Ernie2ForPreTraining, Ernie2PreTrainingConfig
 from .configuration_ernie2 import validate_ernie_encoder
 from .data import Ernie2PreTrainingCollator
 from .schedule import ContinualSchedule
@@ -158,6 +158,7 @@ class Ernie2PreTrainer(TermLoggingTrainer):
         sampler = StageBatchSampler(self.task_rows, self.stage.steps, self._train_batch_size * args.world_size,
                                     args.gradient_accumulation_steps, seed=(seed, self.stage_index),
                                     rank=args.process_index, world_size=args.world_size)
+        assert self.train_dataset is not None  # __init__ requires it (the stage's tasks, concatenated)
         loader = DataLoader(self.train_dataset, batch_sampler=sampler, collate_fn=self.data_collator,
                             num_workers=args.dataloader_num_workers, pin_memory=args.dataloader_pin_memory)
         # the sampler already gives each process its share of the batch: accelerate must not shard it again
@@ -197,6 +198,7 @@ def continual_pretraining(model: Ernie2ForPreTraining, schedule: ContinualSchedu
     missing = [task for task in schedule.tasks if task not in datasets or not len(datasets[task])]
     if missing:
         raise HfExtError(f"the schedule trains {', '.join(missing)}, but there are no examples for it")
+    assert args.output_dir is not None  # TrainingArguments sets its default ("trainer_output") when given none
     out = Path(args.output_dir)
     _record_schedule(out, schedule)
     histories, finished = [], None
@@ -220,7 +222,7 @@ def continual_pretraining(model: Ernie2ForPreTraining, schedule: ContinualSchedu
         if log_to_stderr:
             send_logs_to_stderr(trainer)
         trainer.train(resume_from_checkpoint=checkpoint)
-        model = trainer.model
+        model = cast(Ernie2ForPreTraining, trainer.model)  # the model it was given (Trainer trains it in place)
         if trainer.is_world_process_zero():
             with atomic_output_dir(final, overwrite=True) as staging:
                 model.save_pretrained(staging)
@@ -257,7 +259,7 @@ def load_pretraining_model(name_or_path: str | Path, config_kwargs: dict[str, An
         config = AutoConfig.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError) as error:
         raise HfExtError(f"cannot load a model config from {name_or_path}: {str(error).splitlines()[0]}") from None
-    if config.model_type == Ernie2ForPreTraining.config_class.model_type:
+    if config.model_type == Ernie2PreTrainingConfig.model_type:
         if config_kwargs:
             raise HfExtError(f"{name_or_path} is already an ERNIE 2.0 pre-training model; its task settings stay")
         return Ernie2ForPreTraining.from_pretrained(name_or_path, **kwargs)
@@ -327,7 +329,7 @@ def finetune_glue(model_name_or_path: str | Path, task: str, train_file: str | P
         tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:
         raise HfExtError(f"cannot load {model_name_or_path}: {str(error).splitlines()[0]}") from None
-    if config.model_type == Ernie2ForPreTraining.config_class.model_type:
+    if config.model_type == Ernie2PreTrainingConfig.model_type:
         raise HfExtError(f"{model_name_or_path} is an ERNIE 2.0 pre-training folder: export its encoder to a plain "
                          "ernie folder first (hf-ext ernie2 export, or Ernie2ForPreTraining.save_ernie_pretrained)")
     if config.model_type != "ernie":
@@ -336,7 +338,7 @@ def finetune_glue(model_name_or_path: str | Path, task: str, train_file: str | P
         raise HfExtError(f"task id {task_id} is not available: the model has "
                          + (f"{config.task_type_vocab_size} task ids" if config.use_task_id
                             else "no task embedding (use_task_id is false), so only task id 0"))
-    labels = {"num_labels": layout.num_labels}
+    labels: dict[str, Any] = {"num_labels": layout.num_labels}
     if layout.labels:
         labels.update(id2label=dict(enumerate(layout.labels)), label2id={n: i for i, n in enumerate(layout.labels)})
     model = ErnieForSequenceClassification.from_pretrained(

@@ -57,7 +57,7 @@ class MTDNNApp:
                 # a SAN head's logits are log-probabilities, which the softmax leaves as they are
                 probabilities = dict(zip(labels, logits.softmax(-1).tolist(), strict=True))
                 predictions[task["name"]] = {"type": "classification", "label": max(probabilities,
-                                                                                    key=probabilities.get),
+                                                                                    key=probabilities.__getitem__),
                                              "probabilities": probabilities}
             else:
                 predictions[task["name"]] = {"type": task["type"], "score": logits.item()}

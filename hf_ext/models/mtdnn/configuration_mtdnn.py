@@ -5,7 +5,7 @@ import numbers
 import re
 import reprlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from torch import nn
 from transformers import AutoConfig, BertConfig, PretrainedConfig
@@ -239,7 +239,7 @@ def normalize_task(task: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"task {name}: unknown setting(s) {', '.join(map(str, unknown))}")
 
-    def fail(message):
+    def fail(message: str) -> NoReturn:
         raise ValueError(f"task {name}: {message}")
 
     task_type = task.get("type")

@@ -14,7 +14,7 @@ import collections
 import enum
 import pickle
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +175,7 @@ def vocabulary_labels(vocabulary: OriginalVocabulary) -> list[str]:
     return [label for _, label in sorted(index.items())]
 
 
-def original_globals() -> list[tuple[object, str]]:
+def original_globals() -> list[tuple[Callable[..., object], str]]:
     """The stand-ins as `(object, "original.module.Name")` pairs for `safe_torch_load(extra_globals=...)`."""
     return [*((stand_in, path) for path, stand_in in ORIGINAL_ENUMS.items()),
             (original_enum_member, "builtins.getattr"),
@@ -318,12 +318,13 @@ def build_config(state: dict[str, torch.Tensor], opt: dict[str, Any], path: str 
         raise HfExtError(f"checkpoint {path} has {count} task heads but {len(names)} training tasks "
                          f"({', '.join(names)})")
     encoder = encoder_config(opt, path)
-    kwargs = {"task_names": names, "san": san_settings(opt), "group_sizes": group_sizes,
+    kwargs: dict[str, Any] = {"task_names": names, "san": san_settings(opt), "group_sizes": group_sizes,
               "default_task": default_task}
     try:
         if task_def is not None:
             config = config_from_task_def_yaml(Path(task_def), encoder, **kwargs)
         else:
+            assert names is not None  # without task definitions the checkpoint names its tasks (checked above)
             config = MTDNNConfig.from_task_defs(task_defs_from_checkpoint(opt, names, path), encoder, **kwargs)
     except ValueError as error:
         source = task_def if task_def is not None else f"{path} (config['task_def_list'])"
@@ -340,7 +341,7 @@ def convert_state_dict(state: dict[str, torch.Tensor], config: MTDNNConfig,
     """Original keys -> `MTDNNModel` keys; returns `(state_dict, dropped_keys)`. Checks each head against its task's
     head type and label count first."""
     converted, dropped = {}, []
-    heads = collections.defaultdict(dict)
+    heads: collections.defaultdict[int, dict[str, torch.Tensor]] = collections.defaultdict(dict)
     for key, tensor in state.items():
         match = HEAD_KEY.match(key)
         if match:
@@ -458,6 +459,7 @@ def convert_mtdnn_checkpoint(checkpoint: str | Path, out: str | Path, *, task_de
         parity = [exact_check("weights (round trip)",
                               max((loaded[k] - v).abs().max().item() for k, v in weights.items()))]
         if reference is not None:
+            assert reference_tensors is not None  # loaded with the reference above
             logger.info(f"comparing with the original's outputs in {reference}")
             parity += compare_with_reference(model, reference_tensors, reference, reference_outputs)
         require_parity(parity, reference)

@@ -62,7 +62,8 @@ def load_mtdnn_json(path: str | Path, config: MTDNNConfig, task: str | int, max_
     positions = config.encoder.max_position_embeddings
     ranking = spec["type"] == "ranking"
     pairs = spec["data_format"] != "PremiseOnly"  # segment 1 holds the hypothesis
-    columns = {"input_ids": [], "token_type_ids": [], "attention_mask": [], "labels": [], "soft_labels": []}
+    columns: dict[str, list[Any]] = {"input_ids": [], "token_type_ids": [], "attention_mask": [], "labels": [],
+                                     "soft_labels": []}
     dropped = 0
     for where, sample in json_lines(path, "JSON-lines file"):
         if not isinstance(sample, dict) or "token_id" not in sample or "type_id" not in sample:

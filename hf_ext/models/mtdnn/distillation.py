@@ -28,9 +28,10 @@ def distillation_loss(spec: dict[str, Any], outputs: MTDNNOutput, soft_labels: t
     distribution (MT-DNN-KD), or the original's `MseCriterion` between the head's output and the soft targets.
     Ranking compares the candidate distribution of each group; regression is always the squared error to the
     teachers' mean score. (A SAN head outputs log-probabilities: their log-softmax is themselves.)"""
-    if spec["type"] == "regression":
-        return F.mse_loss(outputs.logits.view(-1), soft_labels.view(-1).to(outputs.logits.dtype))
     logits = outputs.group_logits if spec["type"] == "ranking" else outputs.logits
+    assert logits is not None  # MTDNNModel's output holds them (grouped for a ranking task)
+    if spec["type"] == "regression":
+        return F.mse_loss(logits.view(-1), soft_labels.view(-1).to(logits.dtype))
     soft_labels = soft_labels.to(logits.dtype)
     if kd_loss == "mse":
         return F.mse_loss(logits, soft_labels)
@@ -66,7 +67,7 @@ def teacher_soft_labels(teachers: Sequence["MTDNNModel | PeftModel"], dataset: "
             teacher.eval()
         for start in range(0, len(dataset), batch_size):
             batch = collator([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
-            probabilities = 0
+            probabilities: torch.Tensor | int = 0  # the teachers' sum (there is at least one)
             for teacher in teachers:
                 device = unwrap(teacher).device
                 outputs = teacher(**{key: batch[key].to(device) for key in
@@ -76,6 +77,7 @@ def teacher_soft_labels(teachers: Sequence["MTDNNModel | PeftModel"], dataset: "
                 else:
                     scores = outputs.group_logits if task_type == "ranking" else outputs.logits
                     probabilities = probabilities + F.softmax(scores.float(), -1).cpu()
+            assert isinstance(probabilities, torch.Tensor)
             soft_labels += (probabilities / len(teachers)).tolist()
     finally:
         for teacher, mode in zip(teachers, modes, strict=True):

@@ -31,6 +31,7 @@ class MTDNNHeads(nn.Module):
                 token_type_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
         sequence_output = self.model.encode(input_ids=input_ids, attention_mask=attention_mask,
                                             token_type_ids=token_type_ids).last_hidden_state
+        assert sequence_output is not None  # an encoder's output always holds it
         return tuple(self.model.head_logits(name, sequence_output, token_type_ids, attention_mask)[0]
                      for name in self.task_names)
 

@@ -52,12 +52,12 @@ class MTDNNSANStates(ModelOutput):
     turn_logits (`torch.FloatTensor` of shape `(T, B, C)`): each turn's classifier logits.
     """
 
-    initial_state: torch.FloatTensor | None = None
-    attention_scores: torch.FloatTensor | None = None
-    premise_summaries: torch.FloatTensor | None = None
-    states: torch.FloatTensor | None = None
-    rnn_outputs: torch.FloatTensor | None = None
-    turn_logits: torch.FloatTensor | None = None
+    initial_state: torch.Tensor | None = None
+    attention_scores: torch.Tensor | None = None
+    premise_summaries: torch.Tensor | None = None
+    states: torch.Tensor | None = None
+    rnn_outputs: torch.Tensor | None = None
+    turn_logits: torch.Tensor | None = None
 
 
 @dataclass
@@ -73,11 +73,11 @@ class MTDNNOutput(ModelOutput):
     san_states (`MTDNNSANStates`): SAN heads only, with `output_san_states=True`.
     """
 
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    group_logits: torch.FloatTensor | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    group_logits: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
     san_states: MTDNNSANStates | None = None
 
 
@@ -93,7 +93,9 @@ def premise_hypothesis_masks(token_type_ids: torch.Tensor, attention_mask: torch
 
 def build_encoder(config: PretrainedConfig) -> PreTrainedModel:
     """The encoder for `config` (`AutoModel`), without its pooling layer where its class has one: no head reads it."""
-    parameters = inspect.signature(MODEL_MAPPING[type(config)].__init__).parameters
+    # MODEL_MAPPING maps a config class to its model class; transformers annotates the values of its lazy mappings as
+    # the tokenizer mappings' (slow, fast) pairs
+    parameters = inspect.signature(MODEL_MAPPING[type(config)].__init__).parameters  # type: ignore[misc]
     return AutoModel.from_config(config, **({"add_pooling_layer": False} if "add_pooling_layer" in parameters else {}))
 
 
@@ -189,6 +191,7 @@ def task_loss(task: dict[str, Any], logits: torch.Tensor, labels: torch.Tensor, 
     if task["type"] == "regression":
         return F.mse_loss(logits.view(-1), labels.view(-1).to(logits.dtype))
     if task["type"] == "ranking":
+        assert group_size is not None  # MTDNNModel.forward passes the task's when the batch gives none
         groups = logits.view(-1, group_size)
         # one label per row (the group's, repeated, as the original's collater builds them) or one per group
         targets = labels.view(-1, group_size)[:, 0] if labels.numel() == logits.size(0) else labels.view(-1)
@@ -261,15 +264,14 @@ class MTDNNModel(MTDNNPreTrainedModel):
         `AutoModel.from_pretrained(encoder, **kwargs)`, or a loaded model) and whose heads start fresh. The
         encoder's type and sizes must be `config.encoder`'s (`ValueError` otherwise); its pooler, which no head reads,
         is left out."""
-        if not isinstance(encoder, PreTrainedModel):
-            encoder = AutoModel.from_pretrained(encoder, **kwargs)
-        if encoder.config.model_type != config.encoder.model_type:
-            raise ValueError(f"the pretrained encoder is of type {encoder.config.model_type}, the config's encoder of "
-                             f"type {config.encoder.model_type}")
+        pretrained = encoder if isinstance(encoder, PreTrainedModel) else AutoModel.from_pretrained(encoder, **kwargs)
+        if pretrained.config.model_type != config.encoder.model_type:
+            raise ValueError(f"the pretrained encoder is of type {pretrained.config.model_type}, the config's encoder "
+                             f"of type {config.encoder.model_type}")
         model = cls(config)
-        misfit = f"the pretrained {encoder.config.model_type} encoder does not fit the config's encoder"
+        misfit = f"the pretrained {pretrained.config.model_type} encoder does not fit the config's encoder"
         try:
-            missing, unexpected = model.bert.load_state_dict(encoder.state_dict(), strict=False)
+            missing, unexpected = model.bert.load_state_dict(pretrained.state_dict(), strict=False)
         except RuntimeError as error:  # weights of other shapes
             raise ValueError(f"{misfit}: {str(error).splitlines()[-1].strip()}") from None
         unexpected = [key for key in unexpected if not key.startswith("pooler.")]
@@ -277,9 +279,9 @@ class MTDNNModel(MTDNNPreTrainedModel):
             raise ValueError(f"{misfit}: missing {missing[:3]}, unexpected {unexpected[:3]}")
         return model
 
-    def encode(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.LongTensor | None = None,
-               token_type_ids: torch.LongTensor | None = None, position_ids: torch.LongTensor | None = None,
-               inputs_embeds: torch.FloatTensor | None = None, **kwargs: Any) -> BaseModelOutput:
+    def encode(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+               inputs_embeds: torch.Tensor | None = None, **kwargs: Any) -> BaseModelOutput:
         """The encoder's output; `token_type_ids` reach it only where it has segment embeddings."""
         if self.encoder_reads_segments:
             kwargs["token_type_ids"] = token_type_ids
@@ -294,17 +296,18 @@ class MTDNNModel(MTDNNPreTrainedModel):
             if self.config.default_task is None and len(self.config.tasks) > 1:
                 raise ValueError(f"pass task= (one of {', '.join(self.config.task_names)})")
             task = self.config.default_task or 0
-        if isinstance(task, torch.Tensor):
-            task = task.unique().tolist() if task.dim() else task.item()
-        if isinstance(task, (list, tuple)):
-            if len(set(task)) != 1:
-                raise ValueError(f"a batch holds one task, this one mixes tasks {sorted(set(task))}")
-            task = task[0]
-        return self.config.task(task)
+        chosen: Any = task  # unwrapped below to one name or index, which `MTDNNConfig.task_index` checks
+        if isinstance(chosen, torch.Tensor):
+            chosen = chosen.unique().tolist() if chosen.dim() else chosen.item()
+        if isinstance(chosen, (list, tuple)):
+            if len(set(chosen)) != 1:
+                raise ValueError(f"a batch holds one task, this one mixes tasks {sorted(set(chosen))}")
+            chosen = chosen[0]
+        return self.config.task(chosen)
 
-    def head_logits(self, task: str | int, sequence_output: torch.Tensor, token_type_ids: torch.LongTensor,
-                    attention_mask: torch.LongTensor, premise_mask: torch.BoolTensor | None = None,
-                    hypothesis_mask: torch.BoolTensor | None = None, output_san_states: bool = False,
+    def head_logits(self, task: str | int, sequence_output: torch.Tensor, token_type_ids: torch.Tensor,
+                    attention_mask: torch.Tensor, premise_mask: torch.Tensor | None = None,
+                    hypothesis_mask: torch.Tensor | None = None, output_san_states: bool = False,
                     ) -> tuple[torch.Tensor, MTDNNSANStates | None]:
         """The logits of one task's head on the encoder's output (a SAN head derives its premise and hypothesis
         masks from the segment ids and the attention mask when they are not given) and a SAN head's states."""
@@ -326,15 +329,15 @@ class MTDNNModel(MTDNNPreTrainedModel):
     @can_return_tuple
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        attention_mask: torch.LongTensor | None = None,
+        input_ids: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         task: str | int | torch.Tensor | None = None,
-        premise_mask: torch.BoolTensor | None = None,
-        hypothesis_mask: torch.BoolTensor | None = None,
+        premise_mask: torch.Tensor | None = None,
+        hypothesis_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         group_size: int | None = None,
         output_san_states: bool = False,
         output_attentions: bool | None = None,
@@ -355,7 +358,12 @@ class MTDNNModel(MTDNNPreTrainedModel):
         """
         kwargs.pop("num_items_in_batch", None)
         spec = self.resolve_task(task)
-        shape = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        if input_ids is not None:
+            shape = input_ids.shape[:2]
+        elif inputs_embeds is not None:
+            shape = inputs_embeds.shape[:2]
+        else:
+            raise ValueError("give input_ids or inputs_embeds")
         if attention_mask is None:
             attention_mask = torch.ones(shape, dtype=torch.long, device=self.device)
         if token_type_ids is None:
@@ -371,8 +379,10 @@ class MTDNNModel(MTDNNPreTrainedModel):
                                       output_hidden_states=(self.config.output_hidden_states
                                                             if output_hidden_states is None else output_hidden_states),
                                       **kwargs)
-        logits, san_states = self.head_logits(spec["name"], encoder_outputs.last_hidden_state, token_type_ids,
-                                              attention_mask, premise_mask, hypothesis_mask, output_san_states)
+        sequence_output = encoder_outputs.last_hidden_state
+        assert sequence_output is not None  # an encoder's output always holds it
+        logits, san_states = self.head_logits(spec["name"], sequence_output, token_type_ids, attention_mask,
+                                              premise_mask, hypothesis_mask, output_san_states)
         group_logits = None
         if spec["type"] == "ranking":
             group_size = group_size or spec["group_size"]
@@ -418,14 +428,14 @@ class MTDNNForSequenceClassification(MTDNNModel):
     @can_return_tuple
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.LongTensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        premise_mask: torch.BoolTensor | None = None,
-        hypothesis_mask: torch.BoolTensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        premise_mask: torch.Tensor | None = None,
+        hypothesis_mask: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> SequenceClassifierOutput:
         ranking = self.config.task(self.task)["type"] == "ranking"

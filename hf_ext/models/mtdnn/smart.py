@@ -26,10 +26,13 @@ compares scores row by row and ranking compares the grouped `(B, K)` scores on b
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn import functional as F
+
+if TYPE_CHECKING:
+    from .modeling_mtdnn import MTDNNModel
 
 NORMS = ("inf", "l2", "l1")
 
@@ -86,16 +89,17 @@ def _normalize(delta: torch.Tensor, settings: SmartSettings) -> torch.Tensor:
     return delta / (delta.abs().amax(dims, keepdim=True) + settings.epsilon)
 
 
-def embedding_output(model: torch.nn.Module, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+def embedding_output(model: "MTDNNModel", input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
                      ) -> torch.Tensor:
     """The encoder's embedding module on the batch: the original's `fwd_type=1`."""
     embeddings = model.bert.embeddings
+    assert isinstance(embeddings, torch.nn.Module)  # the encoder's embedding layer (a submodule, not a tensor)
     if model.encoder_reads_segments and token_type_ids is not None:
         return embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
     return embeddings(input_ids=input_ids)
 
 
-def adversarial_loss(model: torch.nn.Module, spec: dict[str, Any], logits: torch.Tensor,
+def adversarial_loss(model: "MTDNNModel", spec: dict[str, Any], logits: torch.Tensor,
                      inputs: dict[str, Any], settings: SmartSettings) -> torch.Tensor | None:
     """SMART's adversarial loss of one batch of task `spec` (a task of `model.config`), given the clean `logits` of
     the same batch from `model` (an `MTDNNModel`) in its current mode; None where the noise's gradient is not
@@ -118,7 +122,10 @@ def adversarial_loss(model: torch.nn.Module, spec: dict[str, Any], logits: torch
                                    inputs.get("hypothesis_mask"))[0]
         return scores.view(-1, group_size) if ranking else scores
 
-    clean = logits.view(-1, group_size) if ranking else logits
+    clean = logits
+    if ranking:
+        assert group_size is not None  # a ranking task has one (its default: 2)
+        clean = logits.view(-1, group_size)
     embed = embedding_output(model, input_ids, token_type_ids)
     noise = (embed.detach().new_empty(embed.shape).normal_(0, 1) * settings.noise_var).requires_grad_()
     for _ in range(settings.k):

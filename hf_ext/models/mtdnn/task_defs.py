@@ -18,13 +18,14 @@ def config_from_task_def_yaml(path_or_text: str | os.PathLike, encoder_config: P
                               group_sizes: Mapping[str, int] | None = None, **kwargs: Any) -> MTDNNConfig:
     """`MTDNNConfig.from_task_defs` on a task-definition YAML file (the original's `glue_task_def.yml` format) or
     its text; a one-line `ValueError` for a file that cannot be read and for malformed YAML."""
-    text = path_or_text
     if isinstance(path_or_text, os.PathLike) or "\n" not in str(path_or_text):
         try:
             with open(path_or_text, encoding="utf-8") as handle:
                 text = handle.read()
         except OSError as error:
             raise ValueError(f"cannot read the task-definition file {path_or_text}: {error.strerror}") from None
+    else:
+        text = path_or_text
     try:
         task_defs = yaml.load(text, Loader=BoundedYamlLoader)  # an alias bomb is refused
     except yaml.YAMLError as error:

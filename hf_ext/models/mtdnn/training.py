@@ -5,7 +5,7 @@ the encoder, and `train_mtdnn`, the run of `hf-ext mtdnn train` and `hf-ext mtdn
 
 from collections.abc import Sequence
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -55,12 +55,18 @@ def task_predictions(spec: dict[str, Any], predictions: np.ndarray | Sequence[np
     return logits[:, 0] if spec["type"] == "regression" else logits.argmax(-1)
 
 
-def evaluate_task(spec: dict[str, Any], predictions: np.ndarray | Sequence[np.ndarray], references: np.ndarray,
-                  ) -> dict[str, float]:
+def evaluate_task(spec: dict[str, Any], predictions: np.ndarray | Sequence[np.ndarray],
+                  references: np.ndarray | Sequence[np.ndarray]) -> dict[str, float]:
     """The task's GLUE metrics (`spec["metrics"]`) of gathered predictions against the references."""
     config_name = "regression" if spec["type"] == "regression" else "classification"
     return _glue_metric(config_name).compute(predictions=task_predictions(spec, predictions),
                                              references=np.asarray(references), metrics=task_metric_names(spec))
+
+
+def _mtdnn_model(model: torch.nn.Module) -> MTDNNModel:
+    """The `MTDNNModel` inside the model Trainer trains (out of DDP, compile and PEFT wrappers). A cast, not an
+    isinstance check: a model loaded as remote code is an `MTDNNModel` of another module."""
+    return cast(MTDNNModel, unwrap(model))
 
 
 class MTDNNTrainer(TermLoggingTrainer):
@@ -129,6 +135,7 @@ class MTDNNTrainer(TermLoggingTrainer):
     def get_train_dataloader(self) -> DataLoader:
         if self.train_dataset is None:
             raise ValueError("MTDNNTrainer: training requires a train_dataset")
+        assert isinstance(self.train_dataset, MultiTaskDataset)  # __init__ wraps the task datasets in one
         args = self.args
         collator = self.data_collator
         if args.remove_unused_columns:
@@ -150,7 +157,7 @@ class MTDNNTrainer(TermLoggingTrainer):
         soft_labels = inputs.pop("soft_labels", None)
         outputs = model(**inputs)
         loss = outputs.loss
-        spec = unwrap(model).resolve_task(inputs.get("task"))
+        spec = _mtdnn_model(model).resolve_task(inputs.get("task"))
         if soft_labels is not None and self.kd_weight > 0:
             distillation = self.kd_weight * distillation_loss(spec, outputs, soft_labels, self.kd_loss)
             loss = distillation if loss is None else loss + distillation
@@ -158,7 +165,7 @@ class MTDNNTrainer(TermLoggingTrainer):
         if model.training and loss is not None:
             self.record_term(model, f"loss_{spec['name']}", loss)
             if self.smart is not None:  # the task's logged loss is without the adversarial term, logged on its own
-                adversarial = adversarial_loss(unwrap(model), spec, outputs.logits, inputs, self.smart)
+                adversarial = adversarial_loss(_mtdnn_model(model), spec, outputs.logits, inputs, self.smart)
                 if adversarial is not None:
                     self.record_term(model, "adv_loss", adversarial)
                     loss = loss + self.smart.alpha * adversarial
@@ -168,13 +175,15 @@ class MTDNNTrainer(TermLoggingTrainer):
     def evaluation_loop(self, dataloader: DataLoader, description: str, prediction_loss_only: bool | None = None,
                         ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
         dataset = dataloader.dataset
-        tasks = dataset.unique("task") if hasattr(dataset, "unique") and "task" in dataset.column_names else []
+        tasks = dataset.unique("task") if hasattr(dataset, "unique") and hasattr(dataset, "column_names") \
+            and "task" in dataset.column_names else []
         spec = self.mtdnn_config.task(int(tasks[0])) if len(tasks) == 1 else None
         if spec is not None and not self.args.prediction_loss_only:
             prediction_loss_only = False  # `evaluate` asks for the loss alone when there is no compute_metrics
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
                                          metric_key_prefix)
         if spec is not None and output.predictions is not None and output.label_ids is not None:
+            assert output.metrics is not None  # Trainer.evaluation_loop always returns its metrics
             for name, value in evaluate_task(spec, output.predictions, output.label_ids).items():
                 output.metrics[f"{metric_key_prefix}_{name}"] = value
         return output

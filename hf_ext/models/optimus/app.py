@@ -5,7 +5,7 @@ prior, and see the posterior means of the sentences entered so far on a plane wi
 The API names (gradio_client): `reconstruct`, `interpolate`, `analogy`, `sample`. Needs gradio (`hf-ext[app]`), which
 `build_app` imports; not imported by the package."""
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -96,7 +96,7 @@ class OptimusApp:
         decoded greedily) drawn through them when both ends are among the sentences; None until there are two."""
         from .plots import latent_space_figure
 
-        if len(sentences or []) < 2:
+        if sentences is None or len(sentences) < 2:
             return None
         means, _ = self.space.encode(sentences)
         interpolation = None
@@ -120,7 +120,7 @@ def build_app(source: str, trust_remote_code: bool = False) -> "gr.Blocks":
     limit = model.config.decoder.n_positions - int(model.config.latent_as_gpt_memory)
     app = OptimusApp(OptimusLatentSpace(model, processor, max_new_tokens=min(MAX_NEW_TOKENS, limit)))
     examples = bundled_sentences()
-    text = dict(max_length=MAX_TEXT_CHARS, lines=1)
+    text: dict[str, Any] = dict(max_length=MAX_TEXT_CHARS, lines=1)
 
     name = model_name(source)  # a repo id or the folder's own name, not a local path
     with gr.Blocks(title=f"Optimus: {name}", analytics_enabled=False) as blocks:

@@ -1,6 +1,7 @@
 """Configuration of Optimus (Li et al., EMNLP 2020): BERT encoder -> Gaussian latent -> GPT-2 decoder."""
 
 import math
+from typing import Any
 
 from transformers import BertConfig, GPT2Config, PretrainedConfig
 
@@ -46,21 +47,21 @@ class OptimusConfig(PretrainedConfig):
 
     def __init__(
         self,
-        encoder=None,
-        decoder=None,
-        latent_size=32,
-        latent_as_gpt_memory=True,
-        latent_as_gpt_emb=True,
-        beta=1.0,
-        fb_mode=1,
-        dim_target_kl=3.0,
-        length_weighted_loss=False,
-        classifier_feature="pooled",
-        freeze_encoder=False,
-        classifier_dropout=None,
-        tie_word_embeddings=True,
-        **kwargs,
-    ):
+        encoder: BertConfig | dict[str, Any] | None = None,
+        decoder: GPT2Config | dict[str, Any] | None = None,
+        latent_size: int = 32,
+        latent_as_gpt_memory: bool = True,
+        latent_as_gpt_emb: bool = True,
+        beta: float = 1.0,
+        fb_mode: int = 1,
+        dim_target_kl: float = 3.0,
+        length_weighted_loss: bool = False,
+        classifier_feature: str = "pooled",
+        freeze_encoder: bool = False,
+        classifier_dropout: float | None = None,
+        tie_word_embeddings: bool = True,
+        **kwargs: Any,
+    ) -> None:
         if isinstance(encoder, dict):
             encoder = BertConfig(**{k: v for k, v in encoder.items() if k != "model_type"})
         if isinstance(decoder, dict):

@@ -12,6 +12,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
@@ -33,7 +34,7 @@ from ...conversion import (
 )
 from ...errors import HfExtError, one_line
 from ...export import file_record, write_model_folder
-from ...text_files import read_json
+from ...text_files import read_json_object
 from . import ENTRY, OptimusConfig, OptimusModel, OptimusProcessor
 
 logger = logging.get_logger(__name__)
@@ -68,6 +69,13 @@ class OptimusSource:
         if self.full_checkpoint is not None:
             paths.append(self.full_checkpoint)
         return paths
+
+    def folders(self) -> tuple[Path, Path]:
+        """The encoder and decoder checkpoint folders (`find_source` sets both, or a full checkpoint)."""
+        if self.encoder_dir is None or self.decoder_dir is None:
+            raise HfExtError(f"source {self.full_checkpoint} has no checkpoint-encoder-N/ and checkpoint-decoder-N/ "
+                             "folders")
+        return self.encoder_dir, self.decoder_dir
 
 
 @dataclass
@@ -108,11 +116,11 @@ def find_source(src: str | Path | None = None, encoder_dir: str | Path | None = 
     if encoder_dir is not None or decoder_dir is not None:
         if encoder_dir is None or decoder_dir is None:
             raise HfExtError("give both --encoder and --decoder checkpoint folders, or neither")
-        source = OptimusSource(encoder_dir=Path(encoder_dir), decoder_dir=Path(decoder_dir))
-        for folder in (source.encoder_dir, source.decoder_dir):
+        encoder, decoder = Path(encoder_dir), Path(decoder_dir)
+        for folder in (encoder, decoder):
             if not folder.is_dir():
                 raise HfExtError(f"checkpoint folder {folder} does not exist")
-        return source
+        return OptimusSource(encoder_dir=encoder, decoder_dir=decoder)
     if src is None:
         raise HfExtError("no source given: pass SRC or --encoder and --decoder")
     src = Path(src)
@@ -175,22 +183,25 @@ def read_original(source: OptimusSource) -> OptimusOriginal:
             if (enc_dir / "config.json").is_file() and (dec_dir / "config.json").is_file():
                 source.encoder_dir, source.decoder_dir = enc_dir, dec_dir
     else:
-        for folder in (source.encoder_dir, source.decoder_dir):
+        encoder_dir, decoder_dir = source.folders()
+        for folder in (encoder_dir, decoder_dir):
             if not (folder / WEIGHTS_FILE).is_file():
                 raise HfExtError(f"checkpoint folder {folder} has no {WEIGHTS_FILE}")
-        logger.info(f"reading {source.encoder_dir / WEIGHTS_FILE}")
-        encoder_state = load_state_dict(source.encoder_dir / WEIGHTS_FILE, "encoder weights")
-        logger.info(f"reading {source.decoder_dir / WEIGHTS_FILE}")
-        decoder_state = load_state_dict(source.decoder_dir / WEIGHTS_FILE, "decoder weights")
-        for folder in (source.encoder_dir, source.decoder_dir):
+        logger.info(f"reading {encoder_dir / WEIGHTS_FILE}")
+        encoder_state = load_state_dict(encoder_dir / WEIGHTS_FILE, "encoder weights")
+        logger.info(f"reading {decoder_dir / WEIGHTS_FILE}")
+        decoder_state = load_state_dict(decoder_dir / WEIGHTS_FILE, "decoder weights")
+        for folder in (encoder_dir, decoder_dir):
             if args is None and (folder / ARGS_FILE).is_file():
                 args = _load_args(folder / ARGS_FILE)
 
     _check_is_optimus(encoder_state, decoder_state, source)
-    # exists(), not is_file(): a FIFO or device named config.json is refused by read_json, not taken for no config
+    # exists(), not is_file(): a FIFO or device named config.json is refused by read_json_object, not taken for no
+    # config
     if source.encoder_dir is not None and (source.encoder_dir / "config.json").exists():
-        encoder_config = read_json(source.encoder_dir / "config.json", "encoder config")
-        decoder_config = read_json(source.decoder_dir / "config.json", "decoder config")
+        encoder_dir, decoder_dir = source.folders()
+        encoder_config = read_json_object(encoder_dir / "config.json", "encoder config")
+        decoder_config = read_json_object(decoder_dir / "config.json", "decoder config")
     else:
         encoder_config, decoder_config = _infer_configs(encoder_state, decoder_state)
         notes.append("encoder/decoder configs inferred from weight shapes (64-dim attention heads)")
@@ -271,7 +282,7 @@ def build_config(original: OptimusOriginal, latent_as_gpt_memory: int | bool | N
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
         raise HfExtError(f"{_config_files(original.source)}: decoder vocab_size must be an integer, got {vocab_size!r}")
     # the original adds <PAD>, <BOS>, <EOS> last, in that order
-    ids = special_ids or {"pad_token_id": vocab_size - 3, "bos_token_id": vocab_size - 2,
+    ids: dict[str, Any] = special_ids or {"pad_token_id": vocab_size - 3, "bos_token_id": vocab_size - 2,
                           "eos_token_id": vocab_size - 1}
 
     def arg(name, default):
@@ -342,10 +353,12 @@ def load_processor(source: OptimusSource, encoder_tokenizer: str | Path | None =
             raise HfExtError(f"tokenizer folder {given} has no {what}")
     if not (have_enc and have_dec):
         return None
+    assert enc_dir is not None and dec_dir is not None  # both hold their tokenizer files
     lower = do_lower_case
     if lower is None:
-        lower = bool(read_json(enc_dir / "tokenizer_config.json", "tokenizer config").get("do_lower_case", False)) \
-            if (enc_dir / "tokenizer_config.json").is_file() else False
+        tokenizer_config = enc_dir / "tokenizer_config.json"
+        lower = bool(read_json_object(tokenizer_config, "tokenizer config").get("do_lower_case", False)) \
+            if tokenizer_config.is_file() else False
     bert = BertTokenizer(vocab=str(enc_dir / "vocab.txt"), do_lower_case=lower)
     gpt2 = GPT2Tokenizer(vocab=str(dec_dir / "vocab.json"), merges=str(dec_dir / "merges.txt"))
     OptimusProcessor.add_decoder_special_tokens(gpt2)
@@ -366,7 +379,7 @@ def convert(original: OptimusOriginal, staging: Path, processor: OptimusProcesso
         raise HfExtError(f"the decoder tokenizer has {len(processor.decoder_tokenizer)} tokens with <PAD>/<BOS>/<EOS>, "
                          f"the decoder weights {config.decoder.vocab_size}")
     state = convert_state_dict(original.encoder_state, original.decoder_state)
-    source = str(original.source.full_checkpoint or original.source.encoder_dir.parent)
+    source = str(original.source.full_checkpoint or original.source.folders()[0].parent)
     logger.info(f"writing {len(state)} tensors")
     write_model_folder(staging, OptimusModel, config, state, ENTRY.auto_map, processor=processor, source=source)
     return config
@@ -422,7 +435,8 @@ def round_trip_error(path: str | Path, written: dict[str, torch.Tensor], block_b
     own and is compared in blocks of rows."""
     with safe_open(path, "pt") as stored:
         names = sorted(stored.keys(), key=lambda name: _nbytes(written[name]))
-    groups, group_bytes = [[]], 0
+    groups: list[list[str]] = [[]]
+    group_bytes = 0
     for name in names:
         if groups[-1] and group_bytes + _nbytes(written[name]) > block_bytes:
             groups.append([])
@@ -477,6 +491,8 @@ def convert_optimus_checkpoint(src: str | Path | None = None, out: str | Path | 
     from ...hub import card_data, push_folder, write_model_card
     from ...output import atomic_output_dir, check_output_dir
 
+    if out is None:
+        raise TypeError("convert_optimus_checkpoint() needs `out`, the folder to write")
     check_output_dir(out, overwrite)
     reference_tensors = load_reference(reference) if reference is not None else None
     source = find_source(src, encoder_dir, decoder_dir, step)
@@ -493,7 +509,10 @@ def convert_optimus_checkpoint(src: str | Path | None = None, out: str | Path | 
         with atomic_output_dir(out, overwrite) as staging:
             config = convert(original, staging, processor, latent_as_gpt_memory, latent_as_gpt_emb)
             logger.info("checking the written folder")
-            model, loading = OptimusModel.from_pretrained(staging, output_loading_info=True)
+            # with output_loading_info, from_pretrained returns the model and what loaded (transformers annotates the
+            # model alone)
+            model, loading = cast(tuple[OptimusModel, dict[str, Any]],
+                                  OptimusModel.from_pretrained(staging, output_loading_info=True))
             if _loading_problems(loading):
                 raise HfExtError(f"the written folder does not load cleanly ({_loading_problems(loading)})")
             written = convert_state_dict(original.encoder_state, original.decoder_state)
@@ -501,6 +520,7 @@ def convert_optimus_checkpoint(src: str | Path | None = None, out: str | Path | 
             original.decoder_state.clear()
             parity = [exact_check("weights (round trip)", round_trip_error(staging / "model.safetensors", written))]
             if reference is not None:
+                assert reference_tensors is not None  # loaded with the reference above
                 logger.info(f"comparing with the original's outputs in {reference}")
                 parity += compare_with_reference(model.eval(), reference_tensors, reference, reference_outputs)
             require_parity(parity, reference)

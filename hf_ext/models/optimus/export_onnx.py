@@ -11,7 +11,7 @@
 PyTorch."""
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,6 +23,9 @@ from ...errors import HfExtError
 from ...loading import loading
 from ...onnx_export import TEXT_AXES, TEXT_INPUTS, ExportPlan, Inputs, OnnxGraph, session, text_inputs
 from .modeling_optimus import CACHE_NAME, OptimusModel
+
+if TYPE_CHECKING:
+    from .processing_optimus import OptimusProcessor
 
 MODEL_TYPES = ("optimus",)
 
@@ -130,10 +133,10 @@ class OptimusOnnx:
         self.pad_token_id = decoder.get("pad_token_id")
         self.max_positions = decoder["n_positions"] - int(config.get("latent_as_gpt_memory", True))
         self.folder = folder
-        self._processor = None
+        self._processor: OptimusProcessor | None = None
 
     @property
-    def processor(self) -> "OptimusProcessor":  # noqa: F821 - the folder's own class
+    def processor(self) -> "OptimusProcessor":
         if self._processor is None:
             from transformers import AutoProcessor
 

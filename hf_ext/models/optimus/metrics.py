@@ -59,7 +59,7 @@ def optimus_lm_statistics(model: "OptimusModel | PeftModel", processor: OptimusP
     config = core.config
     was_training = model.training
     model.eval()
-    stats = {name: [] for name in STATISTICS}
+    stats: dict[str, list[Any]] = {name: [] for name in STATISTICS}
     try:
         for start in range(0, len(texts), batch_size):
             batch = processor(texts[start:start + batch_size], max_length=max_length)

@@ -51,23 +51,23 @@ class OptimusOutput(ModelOutput):
     encoder_last_hidden_state, encoder_pooler_output, encoder_hidden_states, encoder_attentions: the BERT encoder's.
     """
 
-    loss: torch.FloatTensor | None = None
-    loss_rec: torch.FloatTensor | None = None
-    loss_kl: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    latent_z: torch.FloatTensor | None = None
-    mean: torch.FloatTensor | None = None
-    logvar: torch.FloatTensor | None = None
+    loss: torch.Tensor | None = None
+    loss_rec: torch.Tensor | None = None
+    loss_kl: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    latent_z: torch.Tensor | None = None
+    mean: torch.Tensor | None = None
+    logvar: torch.Tensor | None = None
     if CACHE_NAME == "cache":
         cache: Cache | None = None
     else:
         past_key_values: Cache | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
-    encoder_last_hidden_state: torch.FloatTensor | None = None
-    encoder_pooler_output: torch.FloatTensor | None = None
-    encoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    encoder_attentions: tuple[torch.FloatTensor, ...] | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+    encoder_last_hidden_state: torch.Tensor | None = None
+    encoder_pooler_output: torch.Tensor | None = None
+    encoder_hidden_states: tuple[torch.Tensor, ...] | None = None
+    encoder_attentions: tuple[torch.Tensor, ...] | None = None
 
 
 def kl_per_dimension(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
@@ -168,7 +168,9 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
         return self.decoder.wte
 
     def set_input_embeddings(self, value: nn.Module) -> None:
-        self.decoder.wte = value
+        # transformers' contract takes any module, as GPT2Model.set_input_embeddings does; mypy infers GPT2Model's
+        # `wte` from its constructor as nn.Embedding
+        self.decoder.wte = value  # type: ignore[assignment]
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
@@ -228,14 +230,14 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
     @accept_past_key_values
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        decoder_input_ids: torch.LongTensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        decoder_input_ids: torch.Tensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
-        decoder_position_ids: torch.LongTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        latent_z: torch.FloatTensor | None = None,
+        decoder_position_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        latent_z: torch.Tensor | None = None,
         cache: Cache | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
@@ -281,14 +283,19 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
 
         loss = loss_rec = loss_kl = None
         if mean is not None:
+            assert logvar is not None  # encoded with the mean
             # the original switches to plain KL while the schedule holds beta at 0
             fb_mode = 0 if (config.fb_mode == 1 and self.beta == 0) else config.fb_mode
             loss_kl = kl_divergence(mean, logvar, fb_mode, config.dim_target_kl)
         if labels is not None:
-            loss_rec = reconstruction_loss(logits, labels, config.decoder.pad_token_id)
+            assert logits is not None  # the decoder input defaults to the labels
+            pad_token_id = config.decoder.pad_token_id
+            if pad_token_id is None:
+                raise ValueError("labels are padded with the decoder's pad_token_id, which its config does not set")
+            loss_rec = reconstruction_loss(logits, labels, pad_token_id)
             per_example = loss_rec
             if config.length_weighted_loss:
-                per_example = loss_rec / (labels != config.decoder.pad_token_id).sum(-1).to(loss_rec.dtype)
+                per_example = loss_rec / (labels != pad_token_id).sum(-1).to(loss_rec.dtype)
             if loss_kl is not None:
                 per_example = per_example + self.beta * loss_kl
             loss = per_example.mean()
@@ -338,7 +345,7 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
             **kwargs,
         )
 
-    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, next_sequence_length: int | None = None,
+    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, next_sequence_length: int | None = None,
                                       attention_mask: torch.Tensor | None = None, **kwargs: Any) -> dict[str, Any]:
         # generate() grows the decoder sequence under the name `input_ids`; the encoder side is not used here. The
         # cache travels in `kwargs` under the installed version's name (CACHE_NAME).
@@ -380,6 +387,7 @@ class OptimusForSequenceClassification(OptimusPreTrainedModel):
         dropout = config.classifier_dropout
         self.dropout = nn.Dropout(config.encoder.hidden_dropout_prob if dropout is None else dropout)
         feature_size = config.encoder.hidden_size if config.classifier_feature == "pooled" else config.latent_size
+        assert config.num_labels is not None  # PretrainedConfig sets it (2 unless given)
         self.classifier = nn.Linear(feature_size, config.num_labels)
         self.post_init()
 
@@ -402,9 +410,9 @@ class OptimusForSequenceClassification(OptimusPreTrainedModel):
     @can_return_tuple
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,

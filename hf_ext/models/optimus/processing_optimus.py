@@ -19,6 +19,8 @@ class OptimusProcessor(ProcessorMixin):
             (saved in `decoder_tokenizer/`).
     """
 
+    decoder_tokenizer: PreTrainedTokenizerBase  # set by ProcessorMixin.__init__, as `tokenizer` is
+
     def __init__(self, tokenizer=None, decoder_tokenizer=None, **kwargs):
         missing = [name for name, tok in (("<PAD>", "pad_token"), ("<BOS>", "bos_token"), ("<EOS>", "eos_token"))
                    if decoder_tokenizer is not None and getattr(decoder_tokenizer, tok) is None]
@@ -67,7 +69,8 @@ class OptimusProcessor(ProcessorMixin):
             row = row.tolist() if hasattr(row, "tolist") else list(row)
             if tok.eos_token_id in row:
                 row = row[: row.index(tok.eos_token_id)]
-            texts.append(tok.decode(row, skip_special_tokens=True, **kwargs).strip())
+            # one sequence of ids decodes to one str (transformers' decode has no overloads saying so)
+            texts.append(tok.decode(row, skip_special_tokens=True, **kwargs).strip())  # type: ignore[union-attr]
         return texts
 
     def decode(self, sequence: torch.Tensor | Sequence[int], **kwargs: Any) -> str:

@@ -7,7 +7,7 @@ The schedules follow ChunyuanLI/Optimus `code/examples/big_ae/utils.py` (`frange
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -65,6 +65,14 @@ def frange_cycle_linear(n_iter: int, start: float = 0.0, stop: float = 1.0, n_cy
     return frange_cycle_zero_linear(n_iter, start, stop, n_cycle, ratio_increase=ratio, ratio_zero=0.0)
 
 
+def _optimus_model(model: torch.nn.Module | None) -> OptimusModel:
+    """The `OptimusModel` inside the model Trainer trains (out of DDP, compile and PEFT wrappers). A cast, not an
+    isinstance check: a model loaded as remote code is an `OptimusModel` of another module."""
+    if model is None:
+        raise ValueError("the beta schedule needs the model, which Trainer passes to its callbacks")
+    return cast(OptimusModel, unwrap(model))
+
+
 class BetaScheduleCallback(TrainerCallback):
     """Sets the model's KL weight `beta` before every optimizer step from `frange_cycle_zero_linear` over the run's
     `max_steps`. The value depends on `state.global_step` only, so a resumed run continues the same schedule.
@@ -104,14 +112,14 @@ class BetaScheduleCallback(TrainerCallback):
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                       model: torch.nn.Module | None = None, **kwargs: Any) -> None:
-        core = unwrap(model)
+        core = _optimus_model(model)
         values = self.schedule(state.max_steps, self._stop(core))
         core.beta = float(values[min(state.global_step, len(values) - 1)])
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      model: torch.nn.Module | None = None, **kwargs: Any) -> None:
         # evaluation and inference after training use the full weight
-        core = unwrap(model)
+        core = _optimus_model(model)
         core.beta = float(self._stop(core))
 
 
@@ -174,7 +182,7 @@ class OptimusTrainer(TermLoggingTrainer):
         if outputs.get("mean") is not None:
             self.record_term(model, "kl", kl_divergence(outputs["mean"], outputs["logvar"]).detach())
         if model.training:
-            self.record_term(model, "beta", torch.tensor(float(unwrap(model).beta)))
+            self.record_term(model, "beta", torch.tensor(float(_optimus_model(model).beta)))
         return (outputs.loss, outputs) if return_outputs else outputs.loss
 
 
@@ -199,6 +207,8 @@ def finetune_optimus(model: "OptimusModel | PeftModel", processor: OptimusProces
     complete one: the beta schedule and the data order continue where they stopped. Returns the `OptimusTrainer`
     after training."""
     if args is None:
+        if output_dir is None:
+            raise TypeError("give output_dir (the Trainer's working folder) or args")
         saving = {"save_strategy": "steps", "save_steps": save_steps, "save_total_limit": save_total_limit} \
             if save_steps else {}
         args = training_arguments(output_dir, max_steps=max_steps, per_device_train_batch_size=batch_size,
@@ -212,6 +222,7 @@ def finetune_optimus(model: "OptimusModel | PeftModel", processor: OptimusProces
         trainer.remove_callback(PrinterCallback)
     elif log_to_stderr:
         send_logs_to_stderr(trainer)
+    assert args.output_dir is not None  # TrainingArguments sets its default ("trainer_output") when given none
     checkpoint = last_complete_checkpoint(args.output_dir) if args.save_strategy != "no" else None
     if checkpoint is not None:
         logger.warning(f"resuming from {checkpoint}")

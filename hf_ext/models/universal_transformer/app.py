@@ -33,8 +33,8 @@ class UniversalTransformerApp:
         """The greedy output of `text` (empty for an encoder) and the halting map's rows (`side`, `tokens`,
         `ponder_time`); `max_new_tokens` 0 means the input length plus one."""
         text = checked_text(text, "the input")
-        max_new_tokens = checked_int(max_new_tokens, "max new tokens", 0, MAX_NEW_TOKENS) or None
-        rows = halting_map(self.model, self.tokenizer, text, max_new_tokens=max_new_tokens)
+        new_tokens = checked_int(max_new_tokens, "max new tokens", 0, MAX_NEW_TOKENS) or None
+        rows = halting_map(self.model, self.tokenizer, text, max_new_tokens=new_tokens)
         output = ""
         if isinstance(self.model, UniversalTransformerForSeq2SeqLM):
             special = set(self.tokenizer.all_special_tokens)

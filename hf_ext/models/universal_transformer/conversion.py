@@ -241,6 +241,7 @@ def convert_universal_transformer_checkpoint(src: str | Path, out: str | Path, *
         parity = [exact_check("weights (round trip)",
                               max((loaded[k] - v).abs().max().item() for k, v in state.items()))]
         if reference_tensors is not None:
+            assert reference is not None  # the tensors were read from it
             logger.info(f"comparing with the original's outputs in {reference}")
             parity += compare_with_reference(model, reference_tensors, reference, reference_outputs)
         require_parity(parity, reference)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ...errors import HfExtError
 from ...plots import new_figure
@@ -34,7 +34,7 @@ MAX_HALTING_MAP_TOKENS = 512
 
 
 @torch.no_grad()
-def halting_map(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, text: str,
+def halting_map(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, text: str,
                 max_new_tokens: int | None = None) -> list[HaltingRow]:
     """The per-position ponder time N + R of `text` under a Universal Transformer with ACT: the encoder's over the
     input tokens and, for a seq2seq model, the decoder's over its greedy output (each decoder position labelled with
@@ -57,7 +57,8 @@ def halting_map(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, text
     model.eval()
     try:
         input_ids = input_ids.to(next(model.parameters()).device)
-        tokens = tokenizer.convert_ids_to_tokens(input_ids[0].tolist())
+        # a list of ids converts to a list of tokens (transformers' convert_ids_to_tokens has no overloads saying so)
+        tokens: list[str] = tokenizer.convert_ids_to_tokens(input_ids[0].tolist())  # type: ignore[assignment]
         if not isinstance(model, UniversalTransformerForSeq2SeqLM):
             encoder = model(input_ids=input_ids)
             return [HaltingRow("encoder", tokens, _ponder_time(encoder.n_updates, encoder.remainders))]
@@ -65,7 +66,7 @@ def halting_map(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, text
                                    do_sample=False, num_beams=1)
         outputs = model(input_ids=input_ids, decoder_input_ids=generated[:, :-1])
         return [HaltingRow("encoder", tokens, _ponder_time(outputs.encoder_n_updates, outputs.encoder_remainders)),
-                HaltingRow("decoder", tokenizer.convert_ids_to_tokens(generated[0, 1:].tolist()),
+                HaltingRow("decoder", tokenizer.convert_ids_to_tokens(generated[0, 1:].tolist()),  # type: ignore[arg-type]
                            _ponder_time(outputs.decoder_n_updates, outputs.decoder_remainders))]
     finally:
         model.train(was_training)
@@ -106,6 +107,7 @@ def halting_map_figure(rows: Iterable[HaltingRow], title: str | None = None, max
             for position, value in enumerate(row.ponder_time):
                 axis.text(position, 0, f"{value:.1f}", ha="center", va="center", fontsize=7,
                           color="black" if value > middle else "white")
+    assert image is not None  # drawn for each of the rows, which are not empty
     figure.colorbar(image, ax=list(axes), label="ponder time N + R", shrink=0.9)
     figure.suptitle(title or "Halting map (steps per position)")
     return figure

@@ -22,7 +22,7 @@ gradients agree.
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -58,13 +58,13 @@ class UniversalTransformerModelOutput(ModelOutput):
     cross_attentions (`tuple(torch.FloatTensor)`): the decoder's, likewise, over the encoder positions.
     """
 
-    last_hidden_state: torch.FloatTensor | None = None
-    n_updates: torch.FloatTensor | None = None
-    remainders: torch.FloatTensor | None = None
-    ponder_cost: torch.FloatTensor | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
-    cross_attentions: tuple[torch.FloatTensor, ...] | None = None
+    last_hidden_state: torch.Tensor | None = None
+    n_updates: torch.Tensor | None = None
+    remainders: torch.Tensor | None = None
+    ponder_cost: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+    cross_attentions: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass
@@ -76,13 +76,13 @@ class UniversalTransformerSequenceClassifierOutput(ModelOutput):
         `UniversalTransformerModelOutput`.
     """
 
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    ponder_cost: torch.FloatTensor | None = None
-    n_updates: torch.FloatTensor | None = None
-    remainders: torch.FloatTensor | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    ponder_cost: torch.Tensor | None = None
+    n_updates: torch.Tensor | None = None
+    remainders: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass
@@ -96,21 +96,21 @@ class UniversalTransformerSeq2SeqLMOutput(ModelOutput):
     decoder_* / encoder_*: each side's `UniversalTransformerModelOutput` fields.
     """
 
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    ponder_cost: torch.FloatTensor | None = None
-    decoder_n_updates: torch.FloatTensor | None = None
-    decoder_remainders: torch.FloatTensor | None = None
-    decoder_ponder_cost: torch.FloatTensor | None = None
-    decoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    decoder_attentions: tuple[torch.FloatTensor, ...] | None = None
-    cross_attentions: tuple[torch.FloatTensor, ...] | None = None
-    encoder_last_hidden_state: torch.FloatTensor | None = None
-    encoder_n_updates: torch.FloatTensor | None = None
-    encoder_remainders: torch.FloatTensor | None = None
-    encoder_ponder_cost: torch.FloatTensor | None = None
-    encoder_hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    encoder_attentions: tuple[torch.FloatTensor, ...] | None = None
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    ponder_cost: torch.Tensor | None = None
+    decoder_n_updates: torch.Tensor | None = None
+    decoder_remainders: torch.Tensor | None = None
+    decoder_ponder_cost: torch.Tensor | None = None
+    decoder_hidden_states: tuple[torch.Tensor, ...] | None = None
+    decoder_attentions: tuple[torch.Tensor, ...] | None = None
+    cross_attentions: tuple[torch.Tensor, ...] | None = None
+    encoder_last_hidden_state: torch.Tensor | None = None
+    encoder_n_updates: torch.Tensor | None = None
+    encoder_remainders: torch.Tensor | None = None
+    encoder_ponder_cost: torch.Tensor | None = None
+    encoder_hidden_states: tuple[torch.Tensor, ...] | None = None
+    encoder_attentions: tuple[torch.Tensor, ...] | None = None
 
 
 def timing_signal(length: int, channels: int, device: torch.device | str | None = None,
@@ -251,7 +251,9 @@ class UniversalTransformerAttention(nn.Module):
 
 def padded_conv(conv: nn.Module, hidden: torch.Tensor, causal: bool) -> torch.Tensor:
     """Apply a `Conv1d` along the sequence of `[batch, length, channels]`: SAME padding, or LEFT (causal)."""
-    width = conv.weight.shape[-1]  # not kernel_size: adapter wrappers (PEFT LoRA) expose the weight only
+    weight = conv.weight  # not kernel_size: adapter wrappers (PEFT LoRA) expose the weight only
+    assert isinstance(weight, torch.Tensor)
+    width = weight.shape[-1]
     padding = (width - 1, 0) if causal else (width // 2, (width - 1) // 2)
     return conv(F.pad(hidden.transpose(1, 2), padding)).transpose(1, 2)
 
@@ -464,10 +466,10 @@ class UniversalTransformerStack(nn.Module):
 
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        encoder_hidden_states: torch.FloatTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
@@ -531,6 +533,7 @@ class UniversalTransformerStack(nn.Module):
             ponder_cost = ((n_updates + remainders) * counted).sum() / counted.sum().clamp(min=1.0)
             keys = {"attentions": length}
             if self.is_decoder:
+                assert encoder_hidden_states is not None  # a decoder without them was refused above
                 keys["cross_attentions"] = encoder_hidden_states.shape[1]
             # zero maps are built only for what is recorded: an unrecorded forward allocates nothing here
             fill_steps_not_taken(recorded, act.max_steps,
@@ -618,9 +621,9 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
     @can_return_tuple
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         **kwargs: Any,
@@ -647,6 +650,7 @@ class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrain
         self.universal_transformer = UniversalTransformerModel(config)
         dropout = config.classifier_dropout
         self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else dropout)
+        assert config.num_labels is not None  # PretrainedConfig sets it (2 unless given)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -659,9 +663,9 @@ class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrain
     @can_return_tuple
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
@@ -730,7 +734,7 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
     def _supports_default_dynamic_cache(cls):
         return False  # no decoding cache: nothing for generate() to build
 
-    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, next_sequence_length: int | None = None,
+    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, next_sequence_length: int | None = None,
                                       **kwargs: Any) -> dict[str, Any]:
         # without a cache every step re-reads the whole decoder prefix (the ACT loop runs over all of it); a cache
         # arrives under no name this model reads (`cache` since transformers 5.24, `past_key_values` before)
@@ -755,14 +759,14 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
     @can_return_tuple
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_input_ids: torch.Tensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: UniversalTransformerModelOutput | tuple | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        decoder_inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         **kwargs: Any,
@@ -777,7 +781,7 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
             encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
                                            inputs_embeds=inputs_embeds, output_attentions=output_attentions,
                                            output_hidden_states=output_hidden_states)
-        elif not isinstance(encoder_outputs, UniversalTransformerModelOutput):  # a tuple: its first item is the state
+        if not isinstance(encoder_outputs, UniversalTransformerModelOutput):  # a tuple: its first item is the state
             encoder_outputs = UniversalTransformerModelOutput(last_hidden_state=encoder_outputs[0])
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = shift_tokens_right(labels, config.pad_token_id, config.decoder_start_token_id)
@@ -796,7 +800,8 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
                                    ignore_index=-100, label_smoothing=config.label_smoothing)
             loss = loss + act_loss(config, *ponder_costs)
         return UniversalTransformerSeq2SeqLMOutput(
-            loss=loss, logits=logits, ponder_cost=sum(ponder_costs) if ponder_costs else None,
+            # a sum of tensors: `ponder_costs` is not empty here (typeshed's sum also allows its start value, 0)
+            loss=loss, logits=logits, ponder_cost=cast(torch.Tensor, sum(ponder_costs)) if ponder_costs else None,
             decoder_n_updates=decoder_outputs.n_updates, decoder_remainders=decoder_outputs.remainders,
             decoder_ponder_cost=decoder_outputs.ponder_cost, decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions, cross_attentions=decoder_outputs.cross_attentions,

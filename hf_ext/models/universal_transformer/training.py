@@ -17,7 +17,9 @@ import numpy as np
 import torch
 from transformers import (
     DataCollatorForSeq2Seq,
+    GenerationMixin,
     M2M100ForConditionalGeneration,
+    PreTrainedModel,
     PreTrainedTokenizerFast,
     TrainerCallback,
     TrainingArguments,
@@ -27,8 +29,9 @@ from transformers.utils import ModelOutput
 from ...trainer import TermLoggingTrainer, send_logs_to_stderr, training_arguments
 from . import UniversalTransformerConfig
 
-if TYPE_CHECKING:  # datasets is imported only when a dataset is built
+if TYPE_CHECKING:  # datasets and peft are imported only when used
     from datasets import Dataset
+    from peft import PeftModel
 
 TASKS = ("copy", "reverse", "addition")
 PAD_TOKEN = "<pad>"
@@ -205,8 +208,8 @@ class PositionOffsetCollator:
         self.rng = np.random.default_rng(seed)
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
-        rows = {name: [] for name in ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask",
-                                      "labels")}
+        names = ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask", "labels")
+        rows: dict[str, list[list[int]]] = {name: [] for name in names}
         for feature in features:
             inputs, labels = list(feature["input_ids"]), list(feature["labels"])
             encoder_offset, decoder_offset = (int(k) for k in self.rng.integers(0, self.max_offset, size=2))
@@ -222,9 +225,10 @@ class PositionOffsetCollator:
                 for name, values in rows.items()}
 
 
-def train_algorithmic(model: torch.nn.Module, train_dataset: "Dataset", output_dir: str | Path | None = None,
-                      max_steps: int | None = None, batch_size: int = 32, learning_rate: float = 1e-3,
-                      warmup_steps: int | None = None, logging_steps: int = 50, seed: int = 0,
+def train_algorithmic(model: "PreTrainedModel | PeftModel", train_dataset: "Dataset",
+                      output_dir: str | Path | None = None, max_steps: int | None = None, batch_size: int = 32,
+                      learning_rate: float = 1e-3, warmup_steps: int | None = None, logging_steps: int = 50,
+                      seed: int = 0,
                       callbacks: Iterable[TrainerCallback] = (), log_to_stderr: bool = False,
                       position_offsets: int = 0, args: TrainingArguments | None = None,
                       **training_kwargs: Any) -> UniversalTransformerTrainer:
@@ -237,16 +241,22 @@ def train_algorithmic(model: torch.nn.Module, train_dataset: "Dataset", output_d
     training example at a random position below it (`PositionOffsetCollator`; Universal Transformers only). Returns
     the trainer."""
     if args is None:
+        if output_dir is None:
+            raise TypeError("give output_dir (the Trainer's working folder) or args")
+        if warmup_steps is None:
+            if max_steps is None:
+                raise TypeError("give max_steps (the warm-up defaults to a tenth of it) or warmup_steps")
+            warmup_steps = max_steps // 10
         args = training_arguments(
             output_dir, max_steps=max_steps, per_device_train_batch_size=batch_size, learning_rate=learning_rate,
-            warmup_steps=max_steps // 10 if warmup_steps is None else warmup_steps, logging_steps=logging_steps,
-            seed=seed, **training_kwargs)
+            warmup_steps=warmup_steps, logging_steps=logging_steps, seed=seed, **training_kwargs)
     if position_offsets:
         if getattr(model.config, "model_type", None) != UniversalTransformerConfig.model_type:
             raise ValueError("position_offsets shifts positions by left padding, which only the Universal "
                              f"Transformer counts as positions, not a {model.config.model_type!r} model")
-        collator = PositionOffsetCollator(position_offsets, seed=args.seed, pad_token_id=model.config.pad_token_id,
-                                          decoder_start_token_id=model.config.decoder_start_token_id)
+        collator: PositionOffsetCollator | DataCollatorForSeq2Seq = PositionOffsetCollator(
+            position_offsets, seed=args.seed, pad_token_id=model.config.pad_token_id,
+            decoder_start_token_id=model.config.decoder_start_token_id)
     else:
         collator = DataCollatorForSeq2Seq(algorithmic_tokenizer())
     trainer = UniversalTransformerTrainer(model=model, args=args, train_dataset=train_dataset,
@@ -271,10 +281,14 @@ def greedy_predictions(model: torch.nn.Module, input_ids: Sequence[Sequence[int]
     """Greedy `generate()` output for each input id list, cut at the end-of-sequence id (which is left out). Inputs
     are batched by length; each batch may generate as many tokens as its longest input plus one, so a prediction can
     run past a target of its input's length."""
+    from peft import PeftModel
+
+    if not isinstance(model, GenerationMixin | PeftModel):
+        raise TypeError(f"greedy decoding needs a model that generates, not a {type(model).__name__}")
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    predictions = [None] * len(input_ids)
+    predictions: list[list[int]] = [[] for _ in input_ids]
     order = sorted(range(len(input_ids)), key=lambda i: len(input_ids[i]))
     try:
         for start in range(0, len(order), batch_size):
@@ -342,7 +356,7 @@ class AlgorithmicRun:
     name: str
     model: torch.nn.Module
     parameters: int
-    train_loss: float
+    train_loss: float | None
     train_seconds: float
     train_lengths: dict
     longer_lengths: dict
@@ -351,10 +365,11 @@ class AlgorithmicRun:
     log_history: list
 
 
-def run_algorithmic(task: str, model: torch.nn.Module, name: str, train_length: int = 20, test_length: int = 40,
-                    num_train: int = 20000, num_test: int = 200, max_steps: int = 1500, batch_size: int = 32,
-                    learning_rate: float = 1e-3, seed: int = 0, output_dir: str | Path | None = None,
-                    eval_batch_size: int = 64, log_to_stderr: bool = False, position_offsets: int = 0,
+def run_algorithmic(task: str, model: "PreTrainedModel | PeftModel", name: str, train_length: int = 20,
+                    test_length: int = 40, num_train: int = 20000, num_test: int = 200, max_steps: int = 1500,
+                    batch_size: int = 32, learning_rate: float = 1e-3, seed: int = 0,
+                    output_dir: str | Path | None = None, eval_batch_size: int = 64, log_to_stderr: bool = False,
+                    position_offsets: int = 0,
                     **training_kwargs: Any) -> AlgorithmicRun:
     """Train `model` on `task` with input lengths in [1, train_length] (addition: [3, train_length]) and evaluate it
     with greedy decoding and with teacher forcing on `num_test` new examples at the training lengths and `num_test`
