@@ -44,10 +44,10 @@ def test_every_results_file_is_published_and_says_where_it_came_from(results):
 
 
 def test_the_check_finds_a_changed_figure_and_a_missing_results_file():
-    page = next(page for page in publish.PAGES if "<!-- figures from " in page.read_text(encoding="utf-8"))
-    text = page.read_text(encoding="utf-8")
-    match = publish.BLOCK.search(text)
-    number = re.search(r"\d\.\d\d", match.group("body"))  # a figure inside the block
+    text, match, number = next((text, match, number) for page in publish.PAGES
+                               for text in [page.read_text(encoding="utf-8")]
+                               for match in publish.BLOCK.finditer(text)
+                               if (number := re.search(r"\d\.\d\d", match.group("body"))))  # a figure in a block
     changed = text[:match.start("body") + number.start()] + "9.99" + text[match.start("body") + number.end():]
     (stale,) = publish.stale_blocks(changed)
     assert stale.startswith(match.group("source")) and "9.99" in stale
