@@ -110,7 +110,7 @@ def demo_view(results: dict, view: str | None) -> str:
     if view == "seeds":
         rows = ["| seed | reconstructed word for word | mean word accuracy | different outputs | KL (nats) | active "
                 "units | mutual information (nats) | seconds |", "|---|---|---|---|---|---|---|---|"]
-        rows += [f"| {run['seed']} | {run['exact']} of {run['sentences']} | {run['mean_word_accuracy']:.0%} | "
+        rows += [f"| {run['seed']} | {run['exact']} of {run['sentences']} | {run['mean_word_accuracy']:.1%} | "
                  f"{run['different_outputs']} | {run['kl']:.1f} | {run['active_units']}/{run['latent_size']} | "
                  f"{run['mutual_information']:.2f} | {run['seconds']:.0f} |" for run in results["per_seed"]]
         return "\n".join(rows)
