@@ -66,10 +66,10 @@ def read_results(path: Path) -> dict:
         raise SystemExit(f"{path.relative_to(ROOT)}: no such results file (named by a page's figures block)") from None
 
 
-def provenance(source: str, results: dict) -> str:
+def provenance(source: str, results: dict, view: str | None = None) -> str:
     """One line on where the figures come from: the file, the command, the commit, the machine, the time."""
-    seeds = results.get("seeds")
-    runs = f"seeds {', '.join(map(str, seeds))} of " if seeds and "--seed " not in results["command"] else ""
+    seeds = [results["per_seed"][0]["seed"]] if view == "transcript" else results.get("seeds")
+    runs = f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))} of " if seeds else ""
     versions = ", ".join(f"{name} {version}" for name, version in results["versions"].items())
     return (f"*Figures from `{source}`: {runs}`{results['command']}` at commit `{results['commit'][:12]}` on "
             f"{results['date']}; {results['machine']}; {versions}; {results['seconds']:,.0f} s.*")
@@ -146,7 +146,7 @@ def render(source: str, view: str | None = None) -> str:
         body = conversion_view(results, view)
     else:
         body = script_tables(results)
-    return f"{provenance(source, results)}\n\n{body}\n"
+    return f"{provenance(source, results, view)}\n\n{body}\n"
 
 
 def published(text: str) -> str:
