@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 import transformers
 
+from hf_ext.provenance import checkout_commit, machine_description
+
 REPOSITORY = Path(__file__).resolve().parent.parent
 
 
@@ -74,8 +76,8 @@ def setup(args: argparse.Namespace, default_repeats: int, quick_repeats: int = 1
     shown = script.relative_to(REPOSITORY).as_posix() if script.is_relative_to(REPOSITORY) else script.name
     record = {
         "script": shown, "command": shlex.join(["python", shown, *sys.argv[1:]]),
-        "commit": commit(),  # read now: the checkout may change during a long run
-        "date": datetime.date.today().isoformat(), "machine": machine(),
+        "commit": checkout_commit(REPOSITORY),  # read now: the checkout may change during a long run
+        "date": datetime.date.today().isoformat(), "machine": machine_description(),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__},
         "threads": torch.get_num_threads(), "quick": args.quick, "repeats": repeats,
@@ -85,26 +87,8 @@ def setup(args: argparse.Namespace, default_repeats: int, quick_repeats: int = 1
     return repeats
 
 
-def commit() -> str:
-    """The checkout's commit, `+changes` when it has uncommitted changes; `unknown` outside a git checkout."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPOSITORY, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPOSITORY,
-                                 capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+changes" if changed else "")
 
 
-def machine() -> str:
-    """The architecture, the processor as Linux names it (`platform.processor()` is empty there) and the cores."""
-    model = platform.processor()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                      if line.startswith("model name")), model)
-    return f"{platform.machine()}, {model or 'unknown processor'}, {os.cpu_count()} CPU cores"
 
 
 def load_averages() -> list[float]:

@@ -174,12 +174,12 @@ def stale_blocks(text: str) -> list[str]:
 def record_demo() -> None:
     """Run `hf-ext demo` once per seed of `DEMO_SEEDS` in a scratch folder, one at a time (the demo's timings are
     part of what it prints), and write what seed 0 printed and what every seed measured to the demo's results."""
-    sys.path.insert(0, str(ROOT / "reproductions"))
     import torch
     import transformers
-    from common import commit, machine  # the reproductions' provenance, shared
 
-    code = commit()
+    from hf_ext.provenance import checkout_commit, machine_description
+
+    code = checkout_commit(ROOT)
     per_seed, stdout, started = [], None, time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         for seed in DEMO_SEEDS:
@@ -206,8 +206,9 @@ def record_demo() -> None:
                                   for step in run["interpolation"]["steps"]]})
     results = {"command": "python docs/publish.py --record-demo", "commit": code,
                "date": datetime.date.today().isoformat(),
-               "machine": machine(), "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                                                  "transformers": transformers.__version__},
+               "machine": machine_description(), "versions": {"python": platform.python_version(),
+                                                              "torch": torch.__version__,
+                                                              "transformers": transformers.__version__},
                "seeds": list(DEMO_SEEDS), "seconds": round(time.perf_counter() - started, 1), "stdout": stdout,
                "per_seed": per_seed}
     DEMO_RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -217,12 +218,12 @@ def record_demo() -> None:
 
 def record_conversions() -> None:
     """Convert every fixture with `hf-ext convert ... --reference` and record the parity lines it prints."""
-    sys.path.insert(0, str(ROOT / "reproductions"))
     import torch
     import transformers
-    from common import commit, machine
 
-    code, started, converters = commit(), time.perf_counter(), {}
+    from hf_ext.provenance import checkout_commit, machine_description
+
+    code, started, converters = checkout_commit(ROOT), time.perf_counter(), {}
     with tempfile.TemporaryDirectory() as scratch:
         for converter, fixtures in FIXTURE_CONVERSIONS.items():
             converters[converter] = []
@@ -237,7 +238,7 @@ def record_conversions() -> None:
                 converters[converter].append({"command": " ".join(command), "source": source, "checks": checks})
                 print(f"{' '.join(command)}: {len(checks)} checks", flush=True)
     results = {"command": "python docs/publish.py --record-conversions", "commit": code,
-               "date": datetime.date.today().isoformat(), "machine": machine(),
+               "date": datetime.date.today().isoformat(), "machine": machine_description(),
                "versions": {"python": platform.python_version(), "torch": torch.__version__,
                             "transformers": transformers.__version__},
                "seconds": round(time.perf_counter() - started, 1), "converters": converters}

@@ -20,7 +20,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +29,7 @@ import torch
 import transformers
 
 from hf_ext.extras import install_command
+from hf_ext.provenance import checkout_commit, machine_description
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 DEFAULT_SEEDS = (0, 1, 2)
@@ -47,14 +47,6 @@ def reproduction_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def machine() -> str:
-    """The processor, as Linux names it (`platform.processor()` is empty there), and the core count."""
-    model = platform.processor()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                      if line.startswith("model name")), model)
-    return f"{platform.machine()}, {model or 'unknown processor'}, {os.cpu_count()} CPU cores"
 
 
 def start(args: argparse.Namespace) -> None:
@@ -65,21 +57,12 @@ def start(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"seed {args.seed}: {machine()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+    print(f"seed {args.seed}: {machine_description()}, torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads), "
           f"transformers {transformers.__version__}; load {load:.2f}; "
           f"{'QUICK smoke run (not a result)' if args.quick else 'full run'}", flush=True)
 
 
-def commit() -> str:
-    """The checkout's commit, `+changes` when it has uncommitted changes; `unknown` outside a git checkout."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPOSITORY, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPOSITORY,
-                                 capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+changes" if changed else "")
 
 
 def _run_seed(run: Callable[[argparse.Namespace], dict], args: argparse.Namespace, seed: int) -> dict:
@@ -104,7 +87,8 @@ def main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], di
     if len(set(seeds)) != len(seeds):
         parser.error(f"--seeds: a seed is given twice: {seeds}")
     pyplot = plotting(args) if draw is not None else None  # a missing matplotlib stops the run before it starts
-    code = commit()  # the code that runs, read before the hours of work in which the checkout may change
+    # the code that runs, read before the hours of work in which the checkout may change
+    code = checkout_commit(REPOSITORY)
     started = time.perf_counter()
     if args.jobs > 1 and len(seeds) > 1:
         # spawned, not forked: each run starts its own torch thread pool
@@ -116,7 +100,7 @@ def main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], di
     shown = script.relative_to(REPOSITORY) if script.is_relative_to(REPOSITORY) else script.name
     results = {
         "script": str(shown), "command": shlex.join(["python", str(shown), *(sys.argv[1:] if argv is None else argv)]),
-        "commit": code, "date": datetime.date.today().isoformat(), "machine": machine(),
+        "commit": code, "date": datetime.date.today().isoformat(), "machine": machine_description(),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__},
         "quick": args.quick, "seeds": seeds, "seconds": round(time.perf_counter() - started, 1),

@@ -54,3 +54,27 @@ def test_the_check_finds_a_changed_figure_and_a_missing_results_file():
     assert publish.stale_blocks(publish.published(changed)) == []
     with pytest.raises(SystemExit, match="no such results file"):
         publish.stale_blocks("<!-- figures from docs/results/gone.json -->\n| 1.00 |\n<!-- end of figures -->")
+
+
+def test_a_run_outputs_change_is_not_a_code_change(tmp_path):
+    import subprocess
+
+    from hf_ext.provenance import checkout_commit
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "docs" / "images").mkdir(parents=True)
+    (tmp_path / "docs" / "images" / "plot.png").write_bytes(b"old")
+    (tmp_path / "script.py").write_text("print(1)\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "start")
+    head = checkout_commit(tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{40}", head)
+    (tmp_path / "docs" / "images" / "plot.png").write_bytes(b"new")  # what a run writes: still that commit
+    assert checkout_commit(tmp_path) == head
+    (tmp_path / "script.py").write_text("print(2)\n")  # the code changed: not that commit
+    assert checkout_commit(tmp_path) == head + "+changes"
+    assert checkout_commit(tmp_path / "docs" / "images" / "nowhere") == "unknown"

@@ -1,0 +1,34 @@
+"""Where a measured figure came from, as the scripts that produce published figures record it (`benchmarks/`,
+`reproductions/`, `docs/publish.py`): the commit of the checkout and the machine."""
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+# what those runs write themselves (plots, results files): a change there does not change the code that runs
+RUN_OUTPUTS = ("docs/images", "docs/results", "benchmarks/results", "reproductions/results")
+
+
+def checkout_commit(repository: str | Path) -> str:
+    """The commit of the checkout at `repository`, `+changes` when a tracked file other than a run output differs
+    from it; `unknown` outside a git checkout."""
+    excluded = [f":(exclude){path}" for path in RUN_OUTPUTS]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repository, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *excluded],
+                                 cwd=repository, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if changed else "")
+
+
+def machine_description() -> str:
+    """The architecture, the processor as Linux names it (`platform.processor()` is empty there) and the cores."""
+    model = platform.processor()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                      if line.startswith("model name")), model)
+    return f"{platform.machine()}, {model or 'unknown processor'}, {os.cpu_count()} CPU cores"
