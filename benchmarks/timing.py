@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from hf_ext.provenance import checkout_commit, machine_description
+from hf_ext.provenance import checkout_commit, machine_description, software_versions, write_results
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 
@@ -78,8 +78,7 @@ def setup(args: argparse.Namespace, default_repeats: int, quick_repeats: int = 1
         "script": shown, "command": shlex.join(["python", shown, *sys.argv[1:]]),
         "commit": checkout_commit(REPOSITORY),  # read now: the checkout may change during a long run
         "date": datetime.date.today().isoformat(), "machine": machine_description(),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__},
+        "versions": software_versions(),
         "threads": torch.get_num_threads(), "quick": args.quick, "repeats": repeats,
         "load_average_at_start": load_averages(), "ratios": [], "timings": {}, "figures": {},
     }
@@ -130,10 +129,7 @@ def finish() -> dict:
     results = _record()
     results["seconds"] = round(time.perf_counter() - _run.started, 1)
     if _run.output is not None:
-        _run.output.parent.mkdir(parents=True, exist_ok=True)
-        partial = _run.output.with_name(_run.output.name + ".partial")  # never a half-written results file
-        partial.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-        partial.replace(_run.output)
+        write_results(_run.output, results)
         print(f"wrote {_run.output}")
     return results
 

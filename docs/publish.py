@@ -30,7 +30,6 @@ import argparse
 import datetime
 import importlib.util
 import json
-import platform
 import re
 import shutil
 import subprocess
@@ -174,10 +173,7 @@ def stale_blocks(text: str) -> list[str]:
 def record_demo() -> None:
     """Run `hf-ext demo` once per seed of `DEMO_SEEDS` in a scratch folder, one at a time (the demo's timings are
     part of what it prints), and write what seed 0 printed and what every seed measured to the demo's results."""
-    import torch
-    import transformers
-
-    from hf_ext.provenance import checkout_commit, machine_description
+    from hf_ext.provenance import checkout_commit, machine_description, software_versions, write_results
 
     code = checkout_commit(ROOT)
     per_seed, stdout, started = [], None, time.perf_counter()
@@ -206,22 +202,16 @@ def record_demo() -> None:
                                   for step in run["interpolation"]["steps"]]})
     results = {"command": "python docs/publish.py --record-demo", "commit": code,
                "date": datetime.date.today().isoformat(),
-               "machine": machine_description(), "versions": {"python": platform.python_version(),
-                                                              "torch": torch.__version__,
-                                                              "transformers": transformers.__version__},
+               "machine": machine_description(), "versions": software_versions(),
                "seeds": list(DEMO_SEEDS), "seconds": round(time.perf_counter() - started, 1), "stdout": stdout,
                "per_seed": per_seed}
-    DEMO_RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    DEMO_RESULTS.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    write_results(DEMO_RESULTS, results)
     print(f"wrote {DEMO_RESULTS.relative_to(ROOT)}")
 
 
 def record_conversions() -> None:
     """Convert every fixture with `hf-ext convert ... --reference` and record the parity lines it prints."""
-    import torch
-    import transformers
-
-    from hf_ext.provenance import checkout_commit, machine_description
+    from hf_ext.provenance import checkout_commit, machine_description, software_versions, write_results
 
     code, started, converters = checkout_commit(ROOT), time.perf_counter(), {}
     with tempfile.TemporaryDirectory() as scratch:
@@ -239,11 +229,9 @@ def record_conversions() -> None:
                 print(f"{' '.join(command)}: {len(checks)} checks", flush=True)
     results = {"command": "python docs/publish.py --record-conversions", "commit": code,
                "date": datetime.date.today().isoformat(), "machine": machine_description(),
-               "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                            "transformers": transformers.__version__},
+               "versions": software_versions(),
                "seconds": round(time.perf_counter() - started, 1), "converters": converters}
-    CONVERSIONS_RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    CONVERSIONS_RESULTS.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    write_results(CONVERSIONS_RESULTS, results)
     print(f"wrote {CONVERSIONS_RESULTS.relative_to(ROOT)}")
 
 

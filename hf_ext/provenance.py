@@ -1,10 +1,14 @@
 """Where a measured figure came from, as the scripts that produce published figures record it (`benchmarks/`,
 `reproductions/`, `docs/publish.py`): the commit of the checkout and the machine."""
 
+import json
 import os
 import platform
 import subprocess
 from pathlib import Path
+
+import torch
+import transformers
 
 # what those runs write themselves (plots, results files): a change there does not change the code that runs
 RUN_OUTPUTS = ("docs/images", "docs/results", "benchmarks/results", "reproductions/results")
@@ -32,3 +36,18 @@ def machine_description() -> str:
         model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
                       if line.startswith("model name")), model)
     return f"{platform.machine()}, {model or 'unknown processor'}, {os.cpu_count()} CPU cores"
+
+
+def software_versions() -> dict[str, str]:
+    """The versions a measured figure depends on most."""
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__}
+
+
+def write_results(path: str | Path, results: dict) -> None:
+    """Write a results file whole or not at all: into `PATH.partial`, then renamed over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    partial.replace(path)

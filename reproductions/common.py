@@ -14,10 +14,8 @@ it prints and the page shows, over `results["per_seed"]`) and optionally `draw(p
 
 import argparse
 import datetime
-import json
 import multiprocessing
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -29,7 +27,7 @@ import torch
 import transformers
 
 from hf_ext.extras import install_command
-from hf_ext.provenance import checkout_commit, machine_description
+from hf_ext.provenance import checkout_commit, machine_description, software_versions, write_results
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 DEFAULT_SEEDS = (0, 1, 2)
@@ -101,18 +99,14 @@ def main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], di
     results = {
         "script": str(shown), "command": shlex.join(["python", str(shown), *(sys.argv[1:] if argv is None else argv)]),
         "commit": code, "date": datetime.date.today().isoformat(), "machine": machine_description(),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__},
+        "versions": software_versions(),
         "quick": args.quick, "seeds": seeds, "seconds": round(time.perf_counter() - started, 1),
         "per_seed": per_seed,
     }
     print("\n" + tables(results) + "\n")
     print(f"seconds: {results['seconds']} for {len(seeds)} seed(s)")
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        partial = args.output.with_name(args.output.name + ".partial")
-        partial.write_text(json.dumps(results, indent=2) + "\n")
-        partial.replace(args.output)
+        write_results(args.output, results)
         print(f"wrote {args.output}")
     if pyplot is not None:
         draw(pyplot, results, args.plot)
