@@ -47,6 +47,37 @@ def mtdnn_train_from(tmp, config_class, **sizes):
             "--train", "cola=b.json", "--output-dir", tmp / "out"]
 
 
+TOKEN_TASK_DEFS = """\
+ner:
+  data_format: Seqence
+  labels: [O, B-PER, I-PER]
+  n_class: 3
+  task_type: SeqenceLabeling
+qa:
+  data_format: CLUE_SPAN
+  n_class: 2
+  task_type: SpanClassification
+gen:
+  n_class: 2
+  task_type: SeqenceGeneration
+"""
+
+
+def token_task_run(tmp, task, data_name, data, *extra):
+    """`hf-ext mtdnn train` of a tiny BERT encoder (with its tokenizer) under a new head for a token-level task."""
+    from transformers import BertConfig, BertModel, BertTokenizer
+
+    encoder = tmp / "encoder"
+    BertModel(BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=8)).save_pretrained(encoder)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "john", "went", "to", "paris", "who", "?"]
+    BertTokenizer(vocab={word: index for index, word in enumerate(words)}).save_pretrained(encoder)
+    (tmp / "tasks.yml").write_text(TOKEN_TASK_DEFS)
+    (tmp / data_name).write_text(data)
+    return ["mtdnn", "train", encoder, "--task-def", tmp / "tasks.yml", "--train", f"{task}={tmp / data_name}",
+            "--output-dir", tmp / "out", *extra]
+
+
 def mtdnn(tmp, *extra):
     return ["convert", "mtdnn", MTDNN / "model_0.pt", tmp / "out", *extra]
 
@@ -127,6 +158,21 @@ COMMAND_CASES = {
     "mtdnn train with an unknown SMART norm": (lambda tmp, folder: [
         "mtdnn", "train", folder, "--train", "a=b.tsv", "--output-dir", tmp / "out", "--adv-train",
         "--adv-p-norm", "l3"], 1, "--adv-p-norm must be one of inf, l2, l1, got 'l3'"),
+    "mtdnn train with tags that are not the task's labels": (lambda tmp, folder: token_task_run(
+        tmp, "ner", "ner.conll", "john B-PER\nwent O\nparis B-LOC\n"), 1,
+        "sentence 1: tag(s) 'B-LOC' are not labels of task ner (O, B-PER, I-PER)"),
+    "mtdnn train with an answer outside its context": (lambda tmp, folder: token_task_run(
+        tmp, "qa", "qa.jsonl", '{"id": "a", "question": "who ?", "context": "john went to paris", '
+        '"answers": {"text": ["paris"], "answer_start": [40]}}\n'), 1,
+        "the answer 'paris' is not the context's text at answer_start 40 (a span outside the text?)"),
+    "mtdnn train --adv-train with a sequence labeling task": (lambda tmp, folder: token_task_run(
+        tmp, "ner", "ner.conll", "john B-PER\n", "--adv-train"), 1,
+        "--adv-train covers classification, regression, ranking tasks (as the original's SmartPerturbation), not "
+        "ner (sequence_labeling)"),
+    "mtdnn train with a task type the port lacks": (lambda tmp, folder: token_task_run(
+        tmp, "gen", "gen.json", ""), 1,
+        "task gen: task_type 'SeqenceGeneration' is not supported (supported: Classification, Regression, Ranking, "
+        "SeqenceLabeling, SpanClassification, SpanClassificationYN)"),
     "mtdnn train from a folder with its own code": (lambda tmp, folder: [
         "mtdnn", "train", foreign_code(tmp), "--train", "a=b.tsv", "--output-dir", tmp / "out"], 1,
         "only with --trust-remote-code"),

@@ -1,4 +1,5 @@
-"""MT-DNN's two classes against the common model checks (`conformance.py`), and the regression of issue #17 that
+"""MT-DNN's classes against the common model checks (`conformance.py`): the multi-task model, and one task of it as a
+sequence classifier, a token classifier and a question-answering model; and the regression of issue #17 that
 concerns them."""
 
 import pytest
@@ -6,14 +7,27 @@ import torch
 from conformance import ModelConformance
 from transformers import BertConfig
 
-from hf_ext.models.mtdnn import MTDNNConfig, MTDNNForSequenceClassification, MTDNNModel
+from hf_ext.models.mtdnn import (
+    MTDNNConfig,
+    MTDNNForQuestionAnswering,
+    MTDNNForSequenceClassification,
+    MTDNNForTokenClassification,
+    MTDNNModel,
+)
 
 BATCH, LENGTH = 2, 9
 TASKS = [
     {"name": "nli", "type": "classification", "num_labels": 3, "head": "san", "san": {"num_turns": 2}},
     {"name": "sts", "type": "regression", "num_labels": 1},
+    {"name": "ner", "type": "sequence_labeling", "num_labels": 3, "labels": ["O", "B-X", "I-X"]},
+    {"name": "qa", "type": "span_classification", "num_labels": 2},
 ]
 
+
+TASK_LABELS = {"nli": {"labels": torch.tensor([2, 0])}, "sts": {"labels": torch.tensor([0.5, -1.0])},
+               "ner": {"labels": torch.tensor([[-100, 1, 2, 0, 0, 1, 2, 0, -100],
+                                               [-100, 0, 1, 0, 0, 0, -100, -100, -100]])},
+               "qa": {"start_positions": torch.tensor([5, 0]), "end_positions": torch.tensor([7, 0])}}
 
 MORE_LABELS = ("MT-DNN's label counts are its tasks' (config.tasks[i]['num_labels']), not config.num_labels: "
                "test_the_number_of_labels_is_the_tasks shows it")
@@ -50,7 +64,7 @@ class MTDNNTester(ModelConformance):
         inputs = {"input_ids": input_ids * attention_mask, "token_type_ids": token_type_ids,
                   "attention_mask": attention_mask}
         if labels:
-            inputs["labels"] = torch.tensor([2, 0]) if config.default_task == "nli" else torch.tensor([0.5, -1.0])
+            inputs.update(TASK_LABELS[config.default_task])
         return inputs
 
     def output_shapes(self, config, inputs, outputs, kind):
@@ -101,6 +115,25 @@ class TestMTDNNForSequenceClassification(MTDNNTester):
                           ).config.problem_type == "regression"
         assert self.model(self.config(default_task="nli", problem_type="regression")
                           ).config.problem_type == "single_label_classification"
+
+
+NOT_SAN = "the task is not a SAN task (TestMTDNNModel and TestMTDNNForSequenceClassification run the check)"
+
+
+class TestMTDNNForTokenClassification(MTDNNTester):
+    model_class = MTDNNForTokenClassification
+    not_applicable = {**MTDNNTester.not_applicable, "test_the_san_check_is_eager_only": NOT_SAN}
+
+    def config(self, **overrides):
+        return super().config(**{"default_task": "ner", **overrides})
+
+
+class TestMTDNNForQuestionAnswering(MTDNNTester):
+    model_class = MTDNNForQuestionAnswering
+    not_applicable = {**MTDNNTester.not_applicable, "test_the_san_check_is_eager_only": NOT_SAN}
+
+    def config(self, **overrides):
+        return super().config(**{"default_task": "qa", **overrides})
 
 
 # ----- regression of issue #17 -----

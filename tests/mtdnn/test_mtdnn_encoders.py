@@ -1,7 +1,8 @@
-"""MT-DNN on any encoder (issue 26 item 1): every head type on BERT, RoBERTa, XLM-RoBERTa, DeBERTa, DeBERTa-v2
-(v3's settings), ELECTRA, ALBERT and ModernBERT, each a tiny random config built here (nothing downloaded): forward
-and loss of every task, save and reload, a pretrained encoder under new heads, refusals of non-encoders, and (slow)
-Trainer steps that lower the loss, LoRA on each encoder's attention, and remote-code loading without hf-ext."""
+"""MT-DNN on any encoder (issue 26 items 1 and 3): every task type (classification with linear and SAN heads,
+regression, ranking, sequence labeling, span classification with and without unanswerable questions) on BERT,
+RoBERTa, XLM-RoBERTa, DeBERTa, DeBERTa-v2 (v3's settings), ELECTRA, ALBERT and ModernBERT, each a tiny random config
+built here (nothing downloaded): forward and loss of every task, save and reload, a pretrained encoder under new
+heads, refusals of non-encoders, and (slow) Trainer steps that lower the loss, LoRA on each encoder's attention, and remote-code loading without hf-ext."""
 
 import json
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 import torch
 import transformers
 from test_mtdnn_model import SAN, TASK_DEF_YAML, pair_batch
+from test_mtdnn_token_tasks import TOKEN_TASK_DEF_YAML
 from transformers import AutoModel, AutoModelForMaskedLM
 
 import hf_ext  # noqa: F401  (registers the Auto classes)
@@ -49,7 +51,8 @@ def encoder_config(model_type):
 
 
 def mtdnn_model(model_type, seed=0):
-    config = config_from_task_def_yaml(TASK_DEF_YAML, encoder_config(model_type), san=SAN, group_sizes={"rank": 3})
+    config = config_from_task_def_yaml(TASK_DEF_YAML + TOKEN_TASK_DEF_YAML,
+                                       encoder_config(model_type), san=SAN, group_sizes={"rank": 3})
     torch.manual_seed(seed)
     return MTDNNModel(config).eval()
 
@@ -60,7 +63,12 @@ def task_inputs(task):
     if task == "sst":
         batch["token_type_ids"] = torch.zeros_like(batch["token_type_ids"])
     labels = {"sst": torch.tensor([0, 1, 1, 0, 1, 0]), "nli": torch.tensor([0, 1, 2, 2, 1, 0]),
-              "sts": torch.linspace(0, 5, 6), "rank": torch.tensor([2, 2, 2, 0, 0, 0])}
+              "sts": torch.linspace(0, 5, 6), "rank": torch.tensor([2, 2, 2, 0, 0, 0]),
+              # a tag per token (none on padding), the answer's first and last token (the first token: no answer)
+              "ner": torch.randint(0, 8, batch["input_ids"].shape, generator=torch.Generator().manual_seed(0))
+              .masked_fill(batch["attention_mask"] == 0, -100),
+              "squad": torch.tensor([[2, 3], [1, 1], [4, 6], [2, 2], [1, 2], [3, 5]]),
+              "squad2": torch.tensor([[2, 3], [0, 0], [4, 6], [0, 0], [1, 2], [3, 5]])}
     return {**batch, "labels": labels[task]}
 
 
@@ -76,7 +84,9 @@ def test_every_task_type_runs_trains_and_reloads_on_each_encoder(model_type, tmp
     assert model.bert.config.model_type == model_type and type(model.bert).__name__.endswith("Model")
     assert getattr(model.bert, "pooler", None) is None  # no head reads an encoder pooler
     assert model.encoder_reads_segments == (model_type in READS_SEGMENTS)
-    shapes = {"sst": (6, 2), "nli": (6, 3), "sts": (6, 1), "rank": (6, 1)}
+    length = BATCH["input_ids"].shape[1]
+    shapes = {"sst": (6, 2), "nli": (6, 3), "sts": (6, 1), "rank": (6, 1), "ner": (6, length, 8),
+              "squad": (6, length, 2), "squad2": (6, length, 2)}
     outputs = {}
     for task, shape in shapes.items():
         model.zero_grad()
@@ -154,33 +164,44 @@ def test_what_is_not_an_encoder_is_refused_in_one_line(encoder, message):
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", ENCODERS)
 def test_trainer_steps_lower_the_loss_on_a_separable_task(model_type, tmp_path):
-    """A single-sentence task whose label is whether the sentence holds token 7: Trainer (through `train_mtdnn`,
-    the run of `hf-ext mtdnn train`) lowers its loss on every encoder."""
+    """Where token 7 is, in three tasks: whether a sentence holds it (classification), the tag of each token (sequence
+    labeling: B-PER on it, O elsewhere) and its position (a span task: no answer without it). Trainer (through
+    `train_mtdnn`, the run of `hf-ext mtdnn train`) lowers every task's loss on every encoder."""
     from datasets import Dataset
 
     from hf_ext.models.mtdnn.training import train_mtdnn
 
     generator = torch.Generator().manual_seed(0)
-    rows = {"input_ids": [], "token_type_ids": [], "attention_mask": [], "labels": [], "task": []}
+    inputs = {"input_ids": [], "token_type_ids": [], "attention_mask": []}
+    labels = {"sst": [], "tags": [], "squad2": []}
     for index in range(32):
         tokens = torch.randint(8, 50, (5,), generator=generator).tolist()
         if index % 2:
             tokens[index % 5] = 7
-        rows["input_ids"].append([2, *tokens, 3])
-        rows["token_type_ids"].append([0] * 7)
-        rows["attention_mask"].append([1] * 7)
-        rows["labels"].append(index % 2)
-        rows["task"].append(0)
-    dataset = Dataset.from_dict(rows)
-    model = mtdnn_model(model_type, seed=1)
-    batch = {key: torch.tensor(rows[key]) for key in ("input_ids", "token_type_ids", "attention_mask", "labels")}
-    with torch.no_grad():
-        before = model(**batch, task="sst").loss.item()
-    train_mtdnn(model.train(), {"sst": dataset}, output_dir=tmp_path, max_steps=60, per_device_train_batch_size=8,
-                learning_rate=3e-3, warmup_steps=0, seed=0, logging_steps=60, disable_tqdm=True)
-    with torch.no_grad():
-        after = model.eval()(**batch, task="sst").loss.item()
-    assert after < 0.7 * before, (before, after)  # from ln 2: the classes are told apart
+        inputs["input_ids"].append([2, *tokens, 3])
+        inputs["token_type_ids"].append([0] * 7)
+        inputs["attention_mask"].append([1] * 7)
+        labels["sst"].append(index % 2)
+        labels["tags"].append([-100, *[1 if token == 7 else 0 for token in tokens], -100])
+        position = 1 + index % 5 if index % 2 else 0
+        labels["squad2"].append([position, position])
+    batch = {key: torch.tensor(values) for key, values in inputs.items()}
+    # the sentence-level task alone, then the two token-level tasks together
+    for tasks, steps in ((("sst",), 60), (("tags", "squad2"), 120)):
+        model = mtdnn_model(model_type, seed=1)
+        datasets = {task: Dataset.from_dict({**inputs, "labels": labels[task],
+                                             "task": [model.config.task_index(task)] * 32}) for task in tasks}
+
+        def losses(model=model, tasks=tasks):
+            with torch.no_grad():
+                return {task: model.eval()(**batch, labels=torch.tensor(labels[task]), task=task).loss.item()
+                        for task in tasks}
+
+        before = losses()
+        train_mtdnn(model.train(), datasets, output_dir=tmp_path, max_steps=steps, per_device_train_batch_size=8,
+                    learning_rate=3e-3, warmup_steps=0, seed=0, logging_steps=steps, disable_tqdm=True)
+        after = losses()
+        assert all(after[task] < 0.7 * before[task] for task in tasks), (before, after)
 
 
 @pytest.mark.slow
@@ -209,7 +230,8 @@ def test_folders_of_every_encoder_load_as_remote_code_without_hf_ext(tmp_path):
         (tmp_path / model_type).mkdir()
         write_model_folder(tmp_path / model_type, MTDNNModel, model.config, model.state_dict(), ENTRY.auto_map)
         with torch.no_grad():
-            expected[model_type] = model(**BATCH, task="nli").logits
+            expected[model_type] = torch.cat([model(**BATCH, task=task).logits.flatten()
+                                              for task in ("nli", "ner", "squad2")])
     torch.save(BATCH, tmp_path / "batch.pt")
     script = textwrap.dedent(f"""
         import sys, torch
@@ -220,7 +242,8 @@ def test_folders_of_every_encoder_load_as_remote_code_without_hf_ext(tmp_path):
         for model_type in {list(ENCODERS)!r}:
             model = AutoModel.from_pretrained({str(tmp_path)!r} + "/" + model_type, trust_remote_code=True).eval()
             with torch.no_grad():
-                logits[model_type] = model(**batch, task="nli").logits
+                logits[model_type] = torch.cat([model(**batch, task=task).logits.flatten()
+                                                for task in ("nli", "ner", "squad2")])
         torch.save(logits, {str(tmp_path / 'logits.pt')!r})
         """)
     subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path, env={"HF_HUB_OFFLINE": "1",

@@ -603,7 +603,7 @@ def test_cli_trains_on_glue_files_from_a_bert_model_and_distils(bert_dir, tmp_pa
     (["--ratio", "-1"], "argument --ratio: must be >= 0"),
     (["--layout", "cola=cola"], "--layout names task(s) cola without --train or --eval data"),
     (["--task-def", "task_def.yml"], "is an MT-DNN model already: train it without --task-def"),
-    (["--train", "stsb=../../data/glue_samples/STS-B/train.tsv"], ".tsv data needs a tokenizer"),
+    (["--train", "stsb=../../data/glue_samples/STS-B/train.tsv"], "text data needs a tokenizer"),
 ])
 def test_cli_bad_arguments_give_one_line_and_write_nothing(saved_mtdnn, tmp_path, capsys, extra, message,
                                                            monkeypatch):

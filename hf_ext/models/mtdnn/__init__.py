@@ -1,9 +1,11 @@
-"""MT-DNN: one encoder (BERT or any other) with linear and SAN task heads (Liu et al., ACL 2019)."""
+"""MT-DNN: one encoder (BERT or any other) with linear, SAN and token-level task heads (Liu et al., ACL 2019)."""
 
 from ...registration import ENCODER_ATTENTION, LoraPlan, ModelEntry
 from .configuration_mtdnn import MTDNNConfig
 from .modeling_mtdnn import (
+    MTDNNForQuestionAnswering,
     MTDNNForSequenceClassification,
+    MTDNNForTokenClassification,
     MTDNNModel,
     MTDNNOutput,
     MTDNNPreTrainedModel,
@@ -16,8 +18,11 @@ ENTRY = ModelEntry(
     package=__name__,
     display_name="MT-DNN",
     config_class=MTDNNConfig,
-    auto_classes={"AutoModel": MTDNNModel, "AutoModelForSequenceClassification": MTDNNForSequenceClassification},
-    top_level=("MTDNNConfig", "MTDNNForSequenceClassification", "MTDNNModel"),
+    auto_classes={"AutoModel": MTDNNModel, "AutoModelForSequenceClassification": MTDNNForSequenceClassification,
+                  "AutoModelForTokenClassification": MTDNNForTokenClassification,
+                  "AutoModelForQuestionAnswering": MTDNNForQuestionAnswering},
+    top_level=("MTDNNConfig", "MTDNNForQuestionAnswering", "MTDNNForSequenceClassification",
+               "MTDNNForTokenClassification", "MTDNNModel"),
     card_template="mtdnn",
     conversion_script="convert_mtdnn_original_checkpoint.py",
     # the shared encoder's self-attention; every task head in full
@@ -27,5 +32,6 @@ ENTRY = ModelEntry(
     export_onnx="export_onnx",
 )
 
-__all__ = ["ENTRY", "MTDNNConfig", "MTDNNForSequenceClassification", "MTDNNModel", "MTDNNOutput",
+__all__ = ["ENTRY", "MTDNNConfig", "MTDNNForQuestionAnswering", "MTDNNForSequenceClassification",
+           "MTDNNForTokenClassification", "MTDNNModel", "MTDNNOutput",
            "MTDNNPreTrainedModel", "MTDNNSANStates", "premise_hypothesis_masks", "task_loss"]

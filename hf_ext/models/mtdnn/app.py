@@ -1,5 +1,6 @@
 """The MT-DNN app of `hf-ext serve`: a sentence or a sentence pair through every task head at once, each head's
-prediction with its probabilities (classification) or its score (regression, ranking).
+prediction with its probabilities (classification), its score (regression, ranking), the tagged words and entities
+of the first sentence (sequence labeling), or the answer to the first sentence found in the second (span tasks).
 
 The API name (gradio_client): `predict`. Needs gradio (`hf-ext[app]`), which `build_app`
 imports; not imported by the package."""
@@ -12,7 +13,8 @@ from ...hub import model_name
 from ...loading import load_config, load_tokenizer, loading
 from ...serve import MAX_TEXT_CHARS, checked_text, user_errors
 from . import MTDNNConfig
-from .configuration_mtdnn import PAIR_FORMATS
+from .configuration_mtdnn import PAIR_FORMATS, SPAN_TASK_TYPES
+from .token_tasks import encode_squad_examples, span_answers
 
 if TYPE_CHECKING:  # gradio is optional
     import gradio as gr
@@ -40,6 +42,13 @@ class MTDNNApp:
         limit = self.model.config.encoder.max_position_embeddings
         predictions, encoded = {}, {}
         for task in self.model.config.tasks:
+            if task["type"] in SPAN_TASK_TYPES:
+                predictions[task["name"]] = self.answer(task, sentence, second) if second else \
+                    {"type": task["type"], "needs": "a question and a context (the second sentence)"}
+                continue
+            if task["type"] == "sequence_labeling":
+                predictions[task["name"]] = self.tag(task, sentence)
+                continue
             pair = task["data_format"] in PAIR_FORMATS
             if pair and not second:
                 predictions[task["name"]] = {"type": task["type"], "needs": "a sentence pair"}
@@ -63,6 +72,40 @@ class MTDNNApp:
                 predictions[task["name"]] = {"type": task["type"], "score": logits.item()}
         return predictions
 
+    def tag(self, task: dict, sentence: str) -> dict:
+        """A sequence-labeling task's tag of every word of `sentence` (split at white space; a word's tag is its
+        first piece's) and the entities they form (seqeval's chunks)."""
+        from ...metrics.seqeval.seqeval import entities  # plain functions; the evaluate module is loaded by path
+
+        words = sentence.split()
+        batch = self.tokenizer(words, is_split_into_words=True, truncation=True,
+                               max_length=self.model.config.encoder.max_position_embeddings, return_tensors="pt")
+        word_ids = batch.word_ids(0)
+        logits = self.model(**batch.to(self.model.device), task=task["name"]).logits[0]
+        predicted = logits.argmax(-1).tolist()
+        tags = {word: task["labels"][predicted[position]] for position, word in reversed(list(enumerate(word_ids)))
+                if word is not None}  # reversed: a word keeps its first piece's tag
+        tagged = [[word, tags.get(index, "O")] for index, word in enumerate(words)]
+        found = [{"type": kind, "text": " ".join(words[first:last + 1]), "first_word": first, "last_word": last}
+                 for kind, first, last in entities([tag for _, tag in tagged])]
+        return {"type": "sequence_labeling", "tags": tagged, "entities": found}
+
+    def answer(self, task: dict, question: str, context: str) -> dict:
+        """A span task's answer to `question` in `context` (over windows of the model's positions, as evaluation
+        reads them); "" where a `span_classification_yn` task finds no answer."""
+        windows = encode_squad_examples(
+            [{"id": "0", "question": question, "context": context, "answers": {"text": [], "answer_start": []}}],
+            self.tokenizer, self.model.config.encoder.max_position_embeddings)
+        logits = []
+        for row in range(len(windows["input_ids"])):
+            inputs = {key: torch.tensor([windows[key][row]], device=self.model.device)
+                      for key in ("input_ids", "token_type_ids", "attention_mask")}
+            logits.append(self.model(**inputs, task=task["name"]).logits[0].float().cpu().numpy())
+        width = max(len(row) for row in logits)
+        padded = [list(row) + [[-1e9, -1e9]] * (width - len(row)) for row in logits]
+        answers, _ = span_answers(task, padded, windows)
+        return {"type": task["type"], "answer": answers["0"]}
+
     @staticmethod
     def views(predictions: dict, task_names: list[str]) -> list:
         """One `gr.Label` value per task: the probabilities by label, or a line with the score or what is missing."""
@@ -73,6 +116,10 @@ class MTDNNApp:
                 views.append(prediction["probabilities"])
             elif "score" in prediction:
                 views.append(f"{prediction['type']} score {prediction['score']:.4f}")
+            elif "entities" in prediction:
+                views.append("; ".join(f"{e['type']}: {e['text']}" for e in prediction["entities"]) or "no entities")
+            elif "answer" in prediction:
+                views.append(f"answer: {prediction['answer']}" if prediction["answer"] else "no answer")
             else:
                 views.append(f"needs {prediction.get('needs', 'an input')}")
         return views
@@ -94,7 +141,8 @@ def build_app(source: str, trust_remote_code: bool = False) -> "gr.Blocks":
     name = model_name(source)  # a repo id or the folder's own name, not a local path
     with gr.Blocks(title=f"MT-DNN: {name}", analytics_enabled=False) as blocks:
         gr.Markdown(f"# MT-DNN: every task head\n`{name}`: {len(tasks)} tasks. Tasks that read a pair need the "
-                    "second sentence; single-sentence tasks read the first alone.")
+                    "second sentence; single-sentence and sequence-labeling tasks read the first alone; span tasks "
+                    "answer the first (a question) from the second (a context).")
         with gr.Row():
             sentence = gr.Textbox(label="sentence", elem_id="sentence", max_length=MAX_TEXT_CHARS, lines=1)
             second_sentence = gr.Textbox(label="second sentence (for pair tasks)", elem_id="second_sentence",

@@ -9,7 +9,8 @@ from ...arguments import fraction, nonnegative_float, number_in, positive_float,
 from ...cli_utils import add_model_argument, add_run_reporting_arguments, model_commands, run_reporting_settings
 from ...errors import require
 from . import conversion
-from .smart import SmartSettings
+from .configuration_mtdnn import SPAN_TASK_TYPES
+from .smart import SMART_TASK_TYPES, SmartSettings
 
 # the original train.py's defaults (--epochs, --batch_size, --learning_rate, --warmup, --global_grad_clipping, --seed,
 # --max_seq_len)
@@ -52,8 +53,10 @@ def _add_training_arguments(parser):
     add_model_argument(parser, "MT-DNN model folder or Hub repo id; with --task-def, an encoder (BERT, RoBERTa, "
                        "DeBERTa, ELECTRA, ModernBERT, ...)")
     parser.add_argument("--train", action="append", required=True, metavar="TASK=PATH",
-                        help="training data of a task: a GLUE .tsv file or the original's preprocessed .json lines "
-                        "(repeat per task; the first task is the main task of --mix-opt 1 and --ratio)")
+                        help="training data of a task: a GLUE .tsv file or the original's preprocessed .json lines; "
+                        "for sequence labeling a CoNLL file (.conll, .txt, .bio, .iob) or the original's Seqence .tsv; "
+                        "for span tasks SQuAD .json or .jsonl (repeat per task; the first task is the main task of "
+                        "--mix-opt 1 and --ratio)")
     parser.add_argument("--eval", action="append", default=[], metavar="TASK[:NAME]=PATH",
                         help="evaluation data of a task, reported as eval_TASK[_NAME]_<metric> (repeat, e.g. "
                         "mnli:matched=... and mnli:mismatched=...)")
@@ -63,10 +66,13 @@ def _add_training_arguments(parser):
                         "new heads for the --train and --eval tasks")
     parser.add_argument("--layout", action="append", default=[], metavar="TASK=GLUE_TASK",
                         help="GLUE TSV layout of a task not named after a GLUE task (e.g. snli=mnli)")
-    parser.add_argument("--tokenizer", help="tokenizer folder or Hub repo id for .tsv data (default: MODEL's)")
+    parser.add_argument("--tokenizer", help="tokenizer folder or Hub repo id for text data (default: MODEL's)")
     parser.add_argument("--max-length", type=number_in(int, 2), default=DEFAULT_MAX_LENGTH,
                         help=f"truncate tokenized .tsv rows to this many tokens (default {DEFAULT_MAX_LENGTH}, "
                         "capped at the model's positions)")
+    parser.add_argument("--doc-stride", type=number_in(int, 0),
+                        help="span tasks: tokens shared by two windows of a long context (default 128, or half "
+                        "--max-length where that is less)")
     parser.add_argument("--epochs", type=positive_float, default=DEFAULT_EPOCHS,
                         help=f"training epochs (default {DEFAULT_EPOCHS})")
     parser.add_argument("--max-steps", type=positive_int, help="optimizer steps (overrides --epochs)")
@@ -206,7 +212,7 @@ def _load_tokenizer(args):
         return AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code)
     except (OSError, ValueError):
         hint = "" if args.tokenizer else " (pass --tokenizer)"
-        raise HfExtError(f".tsv data needs a tokenizer, none loads from {source}{hint}") from None
+        raise HfExtError(f"text data needs a tokenizer, none loads from {source}{hint}") from None
 
 
 def _load_teachers(args, tasks):
@@ -249,11 +255,22 @@ def _run(args, distill=False):
     config = model.config
     unknown = sorted(set(layouts) - set(tasks))
     require(not unknown, f"--layout names task(s) {', '.join(unknown)} without --train or --eval data")
+    try:
+        types = {task: config.task(task)["type"] for task in tasks}
+    except ValueError as error:
+        raise HfExtError(str(error)) from None
+    if smart is not None:
+        unsupported = [f"{task} ({types[task]})" for task, _ in train_files if types[task] not in SMART_TASK_TYPES]
+        require(not unsupported, f"--adv-train covers {', '.join(SMART_TASK_TYPES)} tasks (as the original's "
+                f"SmartPerturbation), not {', '.join(unsupported)}")
     tokenizer = None
-    if any(path.lower().endswith(".tsv") for path in [p for _, p in train_files] + [p for _, _, p in eval_files]):
+    files = [(task, path) for task, path in train_files] + [(task, path) for task, _, path in eval_files]
+    if any(not path.lower().endswith((".json", ".jsonl")) or types[task] in SPAN_TASK_TYPES
+           for task, path in files):  # text to tokenize
         tokenizer = _load_tokenizer(args)
     train, evaluation = load_task_files(config, train_files, eval_files, tokenizer,
-                                        min(args.max_length, config.encoder.max_position_embeddings), layouts)
+                                        min(args.max_length, config.encoder.max_position_embeddings), layouts,
+                                        args.doc_stride)
     try:
         known = [f"{name}_{metric}" for task, name, _ in eval_files
                  for metric in ["loss", *task_metric_names(config.task(task))]]

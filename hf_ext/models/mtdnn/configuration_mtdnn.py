@@ -12,27 +12,48 @@ from transformers import AutoConfig, BertConfig, PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
-TASK_TYPES = ("classification", "regression", "ranking")
+TASK_TYPES = ("classification", "regression", "ranking", "sequence_labeling", "span_classification",
+              "span_classification_yn")
+# tasks whose head reads every token (the others read the first token's vector)
+TOKEN_TASK_TYPES = ("sequence_labeling", "span_classification", "span_classification_yn")
+SPAN_TASK_TYPES = ("span_classification", "span_classification_yn")
 HEAD_TYPES = ("linear", "san")
-DATA_FORMATS = ("PremiseOnly", "PremiseAndOneHypothesis", "PremiseAndMultiHypothesis")
+# the original's DataFormat names: sentence-level formats, `Seqence` (words and their tags) and `CLUE_SPAN`
+# (SQuAD-style question, context and answers)
+DATA_FORMATS = ("PremiseOnly", "PremiseAndOneHypothesis", "PremiseAndMultiHypothesis", "Seqence", "CLUE_SPAN")
 PAIR_FORMATS = ("PremiseAndOneHypothesis", "PremiseAndMultiHypothesis")
+# the data format each task type reads (None: any sentence-level format but PremiseAndMultiHypothesis)
+TYPE_DATA_FORMATS = {"ranking": "PremiseAndMultiHypothesis", "sequence_labeling": "Seqence",
+                     "span_classification": "CLUE_SPAN", "span_classification_yn": "CLUE_SPAN"}
 RNN_TYPES = ("gru", "lstm", "rnn")
 # the original's data_utils.metrics.Metric names
 METRICS = ("ACC", "F1", "MCC", "Pearson", "Spearman", "AUC", "SeqEval", "EmF1", "F1MAC", "F1MIC", "CMAT", "EmF12",
            "SeqEvalList")
-DEFAULT_METRICS = {"classification": ["ACC"], "regression": ["Pearson", "Spearman"], "ranking": ["ACC"]}
+DEFAULT_METRICS = {"classification": ["ACC"], "regression": ["Pearson", "Spearman"], "ranking": ["ACC"],
+                   "sequence_labeling": ["SeqEval"], "span_classification": ["EmF1"],
+                   "span_classification_yn": ["EmF12"]}
+# the metrics each token-level task type can report (sentence-level types report the GLUE metrics)
+TOKEN_TASK_METRICS = {"sequence_labeling": ("SeqEval",), "span_classification": ("EmF1",),
+                      "span_classification_yn": ("EmF12",)}
+DEFAULT_MAX_ANSWER_LENGTH = 30  # tokens of a predicted answer span (the original's postprocess_qa_predictions')
 # the original's train.py defaults for the SAN answer module (--answer_num_turn, --answer_mem_type, ...)
 DEFAULT_SAN = {"num_turns": 5, "memory_type": 1, "memory_dropout": 0.1, "merge_opt": 1, "rnn_type": "gru"}
 DEFAULT_DROPOUT = 0.1  # train.py --dropout_p, for task definitions without dropout_p
 DEFAULT_GROUP_SIZE = 2  # candidates per ranking group when not given: pairwise, like QNLI-as-ranking and COPA
 
 # the original's task-definition YAML (experiments/*/..._task_def.yml): what each key means here
-ORIGINAL_TASK_TYPES = {"Classification": "classification", "Regression": "regression", "Ranking": "ranking"}
-ORIGINAL_LOSSES = {"classification": "CeCriterion", "regression": "MseCriterion", "ranking": "RankCeCriterion"}
+ORIGINAL_TASK_TYPES = {"Classification": "classification", "Regression": "regression", "Ranking": "ranking",
+                       "SeqenceLabeling": "sequence_labeling", "SpanClassification": "span_classification",
+                       "SpanClassificationYN": "span_classification_yn"}
+# SpanClassificationYN trains with SpanCeCriterion in the original's squad_task_def.yml: its SpanYNCeCriterion needs
+# a third (yes/no) output that the task's forward never returns
+ORIGINAL_LOSSES = {"classification": "CeCriterion", "regression": "MseCriterion", "ranking": "RankCeCriterion",
+                   "sequence_labeling": "SeqCeCriterion", "span_classification": "SpanCeCriterion",
+                   "span_classification_yn": "SpanCeCriterion"}
 ORIGINAL_TASK_KEYS = ("task_type", "n_class", "data_format", "enable_san", "dropout_p", "labels", "metric_meta",
                       "loss", "kd_loss", "adv_loss", "split_names", "actf")
 TASK_KEYS = ("name", "type", "num_labels", "head", "dropout", "data_format", "labels", "group_size", "metrics",
-             "kd_loss", "split_names", "san")
+             "kd_loss", "split_names", "san", "max_answer_length", "null_score_diff_threshold")
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 # checked where the encoder's config has them (type_vocab_size is not: DeBERTa's 0 means "no segment embeddings")
 ENCODER_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
@@ -57,15 +78,21 @@ class MTDNNConfig(PretrainedConfig):
             folders written before other encoders were supported). A BERT encoder by default.
         tasks (`list[dict]`): the tasks in the original's order (task id = position). Each task has
             - `name` (`str`): letters, digits, `-` and `_`;
-            - `type` (`str`): `"classification"`, `"regression"` or `"ranking"`;
-            - `num_labels` (`int`): classes of a classification task; 1 for regression and ranking (one score per row);
-            - `head` (`str`, defaults to `"linear"`): `"linear"` (dense on the [CLS] vector, then a linear layer) or
-              `"san"` (stochastic answer network, classification of sentence pairs only);
-            - `dropout` (`float`, defaults to 0.1): the task's `dropout_p`, on the [CLS] vector (linear head) or
-              throughout the SAN head;
-            - `data_format` (`str`): the original's `PremiseOnly`, `PremiseAndOneHypothesis` or
-              `PremiseAndMultiHypothesis` (ranking);
-            - `labels` (`list[str]`, *optional*): label names (classification: one per class);
+            - `type` (`str`): `"classification"`, `"regression"`, `"ranking"`, `"sequence_labeling"` (a tag per
+              token, e.g. NER), `"span_classification"` (extractive question answering: the answer's start and
+              end token, SQuAD v1.1) or `"span_classification_yn"` (the same where a question may have no answer
+              in the text, SQuAD v2.0: the answer is then the first token);
+            - `num_labels` (`int`): classes of a classification task, tags of a sequence-labeling task; 1 for
+              regression and ranking (one score per row); 2 for span tasks (a start and an end score per token);
+            - `head` (`str`, defaults to `"linear"`): `"linear"` (dense on the [CLS] vector, then a linear layer; for
+              token-level tasks a linear layer on every token) or `"san"` (stochastic answer network,
+              classification of sentence pairs only);
+            - `dropout` (`float`, defaults to 0.1): the task's `dropout_p`, on the [CLS] vector (linear head), on
+              every token (token-level tasks) or throughout the SAN head;
+            - `data_format` (`str`): the original's `PremiseOnly`, `PremiseAndOneHypothesis`,
+              `PremiseAndMultiHypothesis` (ranking), `Seqence` (sequence labeling) or `CLUE_SPAN` (span tasks);
+            - `labels` (`list[str]`, *optional*): label names (classification: one per class; sequence labeling,
+              where they are required: the tag names, e.g. `O`, `B-PER`, `I-PER`, ...);
             - `group_size` (`int`, ranking only, defaults to 2): candidates per group K; rows come candidate-major
               within a group (row g*K+k = premise g with candidate k);
             - `metrics` (`list[str]`): the original's metric names for evaluation (ACC, F1, MCC, Pearson, ...);
@@ -73,7 +100,11 @@ class MTDNNConfig(PretrainedConfig):
             - `split_names` (`list[str]`): the data splits of the task;
             - `san` (`dict`, SAN heads only): `num_turns` (5), `memory_type` (1: log of the turn-averaged
               probabilities, 0: the last turn's logits), `memory_dropout` (0.1, stochastic prediction dropout),
-              `merge_opt` (1: the classifier reads [x, h, |x-h|, x*h]; 0: [x, h]), `rnn_type` (`gru`, `lstm`, `rnn`).
+              `merge_opt` (1: the classifier reads [x, h, |x-h|, x*h]; 0: [x, h]), `rnn_type` (`gru`, `lstm`, `rnn`);
+            - `max_answer_length` (`int`, span tasks only, defaults to 30): the longest answer span (in tokens) an
+              evaluation predicts;
+            - `null_score_diff_threshold` (`float`, `span_classification_yn` only, defaults to 0.0): an answer is
+              predicted only where its score beats the no-answer score by more than this.
         default_task (`str`, *optional*): the task `MTDNNForSequenceClassification` exposes (and `MTDNNModel` runs
             when no `task` is given); the first task when unset.
     """
@@ -202,8 +233,10 @@ def task_from_original(name: str, definition: dict[str, Any], san: dict[str, Any
     task_type = ORIGINAL_TASK_TYPES[original_type]
     loss = definition.get("loss")
     if loss is not None and loss != ORIGINAL_LOSSES[task_type]:
+        why = " (the original's SpanYNCeCriterion reads a yes/no output its task never returns)" \
+            if loss == "SpanYNCeCriterion" else ""
         raise ValueError(f"task {name}: loss {loss} is not supported for {original_type} tasks "
-                         f"(the port computes {ORIGINAL_LOSSES[task_type]})")
+                         f"(the port computes {ORIGINAL_LOSSES[task_type]}){why}")
     enable_san = definition.get("enable_san", False)
     if not isinstance(enable_san, bool):
         raise ValueError(f"task {name}: enable_san must be true or false, got {quoted(enable_san)}")
@@ -248,9 +281,12 @@ def normalize_task(task: dict[str, Any]) -> dict[str, Any]:
     num_labels = task.get("num_labels")
     if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1:
         fail(f"num_labels must be a positive integer, got {quoted(num_labels)}")
-    if task_type == "classification" and num_labels < 2:
-        fail(f"a classification task needs at least 2 labels, got {num_labels}")
-    if task_type != "classification" and num_labels != 1:
+    if task_type in ("classification", "sequence_labeling") and num_labels < 2:
+        fail(f"a {task_type.replace('_', ' ')} task needs at least 2 labels, got {num_labels}")
+    if task_type in SPAN_TASK_TYPES and num_labels != 2:
+        fail(f"a {task_type} task scores each token as the answer's start and end, so num_labels must be 2, "
+             f"got {num_labels}")
+    if task_type in ("regression", "ranking") and num_labels != 1:
         fail(f"a {task_type} task scores each row with one number, so num_labels must be 1, got {num_labels}")
     head = task.get("head", "linear")
     if head not in HEAD_TYPES:
@@ -258,24 +294,31 @@ def normalize_task(task: dict[str, Any]) -> dict[str, Any]:
     dropout = task.get("dropout", DEFAULT_DROPOUT)
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         fail(f"dropout must be a number in [0, 1), got {quoted(dropout)}")
-    data_format = task.get("data_format", "PremiseAndMultiHypothesis" if task_type == "ranking"
-                           else "PremiseAndOneHypothesis")
+    data_format = task.get("data_format", TYPE_DATA_FORMATS.get(task_type, "PremiseAndOneHypothesis"))
     if data_format not in DATA_FORMATS:
         fail(f"data_format {quoted(data_format)} is not supported (supported: {', '.join(DATA_FORMATS)})")
-    if (task_type == "ranking") != (data_format == "PremiseAndMultiHypothesis"):
-        fail(f"data_format {data_format} does not fit a {task_type} task (ranking tasks, and only they, read "
-             "PremiseAndMultiHypothesis)")
+    if data_format != TYPE_DATA_FORMATS.get(task_type, data_format) or (
+            task_type not in TYPE_DATA_FORMATS and data_format in TYPE_DATA_FORMATS.values()):
+        fail(f"data_format {data_format} does not fit a {task_type} task (ranking reads PremiseAndMultiHypothesis, "
+             "sequence labeling Seqence, span tasks CLUE_SPAN, the others PremiseOnly or PremiseAndOneHypothesis)")
     if head == "san" and (task_type != "classification" or data_format not in PAIR_FORMATS):
         fail("a SAN head classifies sentence pairs: it needs type classification and a pair data_format")
     labels = task.get("labels")
     if labels is not None:
         if not isinstance(labels, list) or not all(isinstance(label, str) for label in labels):
             fail(f"labels must be a list of strings, got {quoted(labels)}")
-        if task_type == "classification" and len(labels) != num_labels:
+        if task_type in ("classification", "sequence_labeling") and len(labels) != num_labels:
             fail(f"{len(labels)} label names for {num_labels} labels")
+        if len(set(labels)) != len(labels):
+            fail("label names must be unique")
+    elif task_type == "sequence_labeling":
+        fail("a sequence labeling task needs its tag names (labels), e.g. [O, B-PER, I-PER]")
     metrics = task.get("metrics", DEFAULT_METRICS[task_type])
     if not isinstance(metrics, list) or any(metric not in METRICS for metric in metrics):
         fail(f"metrics must be a list of {', '.join(METRICS)}; got {quoted(metrics)}")
+    allowed = TOKEN_TASK_METRICS.get(task_type)
+    if allowed is not None and any(metric not in allowed for metric in metrics):
+        fail(f"a {task_type} task reports {' or '.join(allowed)}, not {', '.join(metrics)}")
     split_names = task.get("split_names", ["train", "dev", "test"])
     if not isinstance(split_names, list) or not all(isinstance(split, str) for split in split_names):
         fail(f"split_names must be a list of strings, got {quoted(split_names)}")
@@ -296,6 +339,20 @@ def normalize_task(task: dict[str, Any]) -> dict[str, Any]:
         normalized["san"] = _normalize_san(task.get("san") or {}, fail)
     elif task.get("san"):
         fail("SAN settings given for a linear head")
+    if task_type in SPAN_TASK_TYPES:
+        longest = task.get("max_answer_length", DEFAULT_MAX_ANSWER_LENGTH)
+        if isinstance(longest, bool) or not isinstance(longest, int) or longest < 1:
+            fail(f"max_answer_length must be a positive integer, got {quoted(longest)}")
+        normalized["max_answer_length"] = longest
+    elif "max_answer_length" in task:
+        fail("max_answer_length applies to span tasks only")
+    if task_type == "span_classification_yn":
+        threshold = task.get("null_score_diff_threshold", 0.0)
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+            fail(f"null_score_diff_threshold must be a finite number, got {quoted(threshold)}")
+        normalized["null_score_diff_threshold"] = float(threshold)
+    elif "null_score_diff_threshold" in task:
+        fail("null_score_diff_threshold applies to span_classification_yn tasks only")
     return normalized
 
 

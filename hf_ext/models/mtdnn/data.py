@@ -1,5 +1,6 @@
-"""The data of MT-DNN multi-task training: GLUE TSV files and the original's preprocessed JSON lines as `datasets`,
-one per task, their collator, and the original's task-mixing batch sampler.
+"""The data of MT-DNN multi-task training: GLUE TSV files, the original's preprocessed JSON lines, and for the
+token-level tasks CoNLL / Seqence files and SQuAD data (`token_tasks.py`), as `datasets`, one per task, their
+collator, and the original's task-mixing batch sampler.
 
 Facts from namisan/mt-dnn (HEAD 3228e7c): `mt_dnn/batcher.py` (MultiTaskBatchSampler, DistMultiTaskBatchSampler,
 Collater), `experiments/glue/glue_utils.py` (the TSV layouts), `prepro_std.py` (the JSON-lines format).
@@ -20,7 +21,14 @@ from transformers.utils import logging
 from ...errors import HfExtError
 from ...glue import read_glue_tsv
 from ...text_files import json_lines
-from .configuration_mtdnn import MTDNNConfig
+from .configuration_mtdnn import PAIR_FORMATS, SPAN_TASK_TYPES, MTDNNConfig
+from .modeling_mtdnn import IGNORE_INDEX
+from .token_tasks import (
+    encode_squad_examples,
+    encode_tagged_sentences,
+    read_squad_examples,
+    read_tagged_sentences,
+)
 
 if TYPE_CHECKING:  # datasets is imported only when used
     from datasets import Dataset
@@ -52,16 +60,20 @@ def load_mtdnn_json(path: str | Path, config: MTDNNConfig, task: str | int, max_
     `attention_mask` and `softlabel`) as a `datasets.Dataset` for one task of an MT-DNN model.
 
     Ranking rows hold the task's `group_size` candidates (`token_id` is a list of K token lists) and the index of the
-    positive one as `label`. With `max_length`, longer rows are dropped, as the original's training does. A
-    `softlabel` field (soft targets for distillation) becomes the `soft_labels` column.
+    positive one as `label`; sequence-labeling rows one tag id per token (-1, the original's "no tag", reads as
+    -100). With `max_length`, longer rows are dropped, as the original's training does. A `softlabel` field (soft
+    targets for distillation) becomes the `soft_labels` column. Span tasks read SQuAD data (`load_squad_file`).
     """
     from datasets import Dataset
 
     spec, index = _task(config, task)
+    if spec["type"] in SPAN_TASK_TYPES:
+        raise HfExtError(f"{path}: span task {spec['name']} reads SQuAD data (a SQuAD .json file or .jsonl rows "
+                         "with question, context and answers), not preprocessed token ids")
     vocab_size = config.encoder.vocab_size
     positions = config.encoder.max_position_embeddings
     ranking = spec["type"] == "ranking"
-    pairs = spec["data_format"] != "PremiseOnly"  # segment 1 holds the hypothesis
+    pairs = spec["data_format"] in PAIR_FORMATS  # segment 1 holds the hypothesis
     columns: dict[str, list[Any]] = {"input_ids": [], "token_type_ids": [], "attention_mask": [], "labels": [],
                                      "soft_labels": []}
     dropped = 0
@@ -101,7 +113,7 @@ def load_mtdnn_json(path: str | Path, config: MTDNNConfig, task: str | int, max_
         if longest > positions:
             raise HfExtError(f"{where}: {longest} tokens, more than the model's {positions} positions")
         if "label" in sample:
-            columns["labels"].append(_json_label(sample["label"], spec, where))
+            columns["labels"].append(_json_label(sample["label"], spec, where, len(ids)))
         if "softlabel" in sample:
             columns["soft_labels"].append(_soft_label(sample["softlabel"], spec, where))
         columns["input_ids"].append(ids)
@@ -121,7 +133,14 @@ def load_mtdnn_json(path: str | Path, config: MTDNNConfig, task: str | int, max_
     return Dataset.from_dict({**columns, "task": [index] * count})
 
 
-def _json_label(value, spec, where):
+def _json_label(value, spec, where, length):
+    if spec["type"] == "sequence_labeling":
+        if not (isinstance(value, list) and len(value) == length and all(
+                not isinstance(tag, bool) and isinstance(tag, int) and -1 <= tag < spec["num_labels"]
+                for tag in value)):
+            raise HfExtError(f"{where}: label must be a list of {length} tag ids below {spec['num_labels']} (one per "
+                             f"token; -1 for none) for task {spec['name']}")
+        return [IGNORE_INDEX if tag == -1 else tag for tag in value]
     if spec["type"] == "regression":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise HfExtError(f"{where}: label {value!r} of regression task {spec['name']} is not a number")
@@ -147,11 +166,50 @@ def soft_label_width(spec: dict[str, Any]) -> int:
     return spec["num_labels"]  # 1 for regression
 
 
+def load_sequence_labeling_file(path: str | Path, config: MTDNNConfig, task: str | int,
+                                tokenizer: PreTrainedTokenizerBase, max_length: int = 512) -> "Dataset":
+    """A CoNLL file or the original's Seqence TSV (`token_tasks.read_tagged_sentences`) as a tokenized
+    `datasets.Dataset` for a sequence-labeling task of an MT-DNN model (`token_tasks.encode_tagged_sentences`)."""
+    from datasets import Dataset
+
+    spec, index = _task(config, task)
+    if spec["type"] != "sequence_labeling":
+        raise HfExtError(f"{path}: tagged words are data of a sequence labeling task, {spec['name']} is a "
+                         f"{spec['type']} task")
+    columns = encode_tagged_sentences(read_tagged_sentences(path), spec, tokenizer, max_length, source=str(path))
+    return Dataset.from_dict({**columns, "task": [index] * len(columns["input_ids"])})
+
+
+def load_squad_file(path: str | Path, config: MTDNNConfig, task: str | int, tokenizer: PreTrainedTokenizerBase,
+                    max_length: int = 384, doc_stride: int | None = None) -> "Dataset":
+    """SQuAD data (`token_tasks.read_squad_examples`) as a `datasets.Dataset` of tokenized windows for a span task of
+    an MT-DNN model (`token_tasks.encode_squad_examples`: the model's inputs, `labels`, and the `example_id`,
+    `offset_mapping`, `context` and `answers` columns that evaluation reads)."""
+    from datasets import Dataset
+
+    spec, index = _task(config, task)
+    if spec["type"] not in SPAN_TASK_TYPES:
+        raise HfExtError(f"{path}: questions with answers are data of a span task, {spec['name']} is a "
+                         f"{spec['type']} task")
+    columns = encode_squad_examples(read_squad_examples(path, spec), tokenizer, max_length, doc_stride)
+    return Dataset.from_dict({**columns, "task": [index] * len(columns["input_ids"])})
+
+
 def load_task_file(path: str | Path, config: MTDNNConfig, task: str | int,
                    tokenizer: PreTrainedTokenizerBase | None = None, max_length: int = 512,
-                   layout: str | None = None) -> "Dataset":
-    """`load_glue_tsv` for `.tsv` files, `load_mtdnn_json` (already tokenized) for `.json`/`.jsonl` files."""
+                   layout: str | None = None, doc_stride: int | None = None) -> "Dataset":
+    """The data of one task: for span tasks SQuAD data (`load_squad_file`); for sequence labeling CoNLL files and
+    Seqence `.tsv` rows (`load_sequence_labeling_file`); otherwise `load_glue_tsv` for `.tsv` files; and
+    `load_mtdnn_json` (already tokenized) for `.json`/`.jsonl` files."""
     suffix = Path(path).suffix.lower()
+    spec, _ = _task(config, task)
+    span = spec["type"] in SPAN_TASK_TYPES
+    if span or (spec["type"] == "sequence_labeling" and suffix not in (".json", ".jsonl")):
+        if tokenizer is None:
+            raise HfExtError(f"{path}: {'SQuAD' if span else 'tagged text'} data needs a tokenizer")
+        if span:
+            return load_squad_file(path, config, task, tokenizer, max_length, doc_stride)
+        return load_sequence_labeling_file(path, config, task, tokenizer, max_length)
     if suffix == ".tsv":
         if tokenizer is None:
             raise HfExtError(f"{path}: TSV data needs a tokenizer")
@@ -195,7 +253,13 @@ class MTDNNCollator:
         batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask,
                  "task": torch.full((len(features),), tasks.pop(), dtype=torch.long)}
         if features[0].get("labels") is not None:
-            batch["labels"] = torch.tensor([feature["labels"] for feature in features])
+            labels = [feature["labels"] for feature in features]
+            if isinstance(labels[0], list) and len(labels[0]) == len(features[0]["input_ids"]):  # a tag per token
+                batch["labels"] = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+                for i, tags in enumerate(labels):
+                    batch["labels"][i, :len(tags)] = torch.tensor(tags)
+            else:
+                batch["labels"] = torch.tensor(labels)
         if features[0].get("soft_labels") is not None:
             batch["soft_labels"] = torch.tensor([feature["soft_labels"] for feature in features], dtype=torch.float32)
         return batch
@@ -249,7 +313,8 @@ class MultiTaskDataset(torch.utils.data.Dataset):
 def load_task_files(config: MTDNNConfig, train_files: Iterable[tuple[str, str | Path]],
                     eval_files: Iterable[tuple[str, str, str | Path]] = (),
                     tokenizer: PreTrainedTokenizerBase | None = None, max_length: int = 512,
-                    layouts: Mapping[str, str] | None = None) -> tuple[dict[str, "Dataset"], dict[str, "Dataset"]]:
+                    layouts: Mapping[str, str] | None = None, doc_stride: int | None = None,
+                   ) -> tuple[dict[str, "Dataset"], dict[str, "Dataset"]]:
     """The training and evaluation data of a multi-task run: `train_files` as `(task, path)` pairs and `eval_files`
     as `(task, name, path)` triples (a task may be evaluated on several files, e.g. MNLI matched and mismatched),
     read with `load_task_file` (`layouts` maps a task to the GLUE layout of its .tsv files). Returns the dicts
@@ -257,7 +322,7 @@ def load_task_files(config: MTDNNConfig, train_files: Iterable[tuple[str, str | 
     layouts = layouts or {}
 
     def load(task, path):
-        return load_task_file(path, config, task, tokenizer, max_length, layouts.get(task))
+        return load_task_file(path, config, task, tokenizer, max_length, layouts.get(task), doc_stride)
 
     train = {task: load(task, path) for task, path in train_files}
     evaluation = {name: load(task, path) for task, name, path in eval_files}
@@ -393,4 +458,5 @@ def _copy_generator(generator):
 
 
 __all__ = ["MTDNNCollator", "MultiTaskBatchSampler", "MultiTaskDataset", "load_glue_tsv", "load_mtdnn_json",
-           "load_task_file", "load_task_files", "mixed_task_order", "soft_label_width"]
+           "load_sequence_labeling_file", "load_squad_file", "load_task_file", "load_task_files", "mixed_task_order",
+           "soft_label_width"]

@@ -12,6 +12,7 @@ from torch.nn import functional as F
 
 from ...errors import HfExtError
 from ...lora import unwrap
+from .configuration_mtdnn import TOKEN_TASK_TYPES
 from .data import MTDNNCollator, soft_label_width
 from .modeling_mtdnn import MTDNNModel, MTDNNOutput
 
@@ -59,6 +60,10 @@ def teacher_soft_labels(teachers: Sequence["MTDNNModel | PeftModel"], dataset: "
         raise HfExtError(f"the teachers disagree on task {task}: " + "; ".join(
             f"teacher {n}: {s['type']} with {soft_label_width(s)} outputs" for n, s in enumerate(specs, 1)))
     task_type = specs[0]["type"]
+    if task_type in TOKEN_TASK_TYPES:
+        raise HfExtError(f"task {task} is a {task_type} task: distillation covers sentence-level tasks "
+                         "(classification, regression, ranking), as the original's prepare_distillation_data.py (one "
+                         "score per class and row)")
     collator = collator or MTDNNCollator(pad_token_id=unwrap(teachers[0]).config.encoder.pad_token_id or 0)
     modes = [teacher.training for teacher in teachers]
     soft_labels = []

@@ -13,8 +13,14 @@ Heads, exactly as the original (HEAD 3228e7c):
   turns of bilinear attention over the premise tokens, a classifier on [x, h, |x-h|, x*h] and a GRU update; the
   output is the log of the turn-averaged probabilities, with stochastic prediction dropout of whole turns in training.
 
+- token heads (sequence labeling, span classification): `Linear(dropout(h_t))` on every token, as the original's
+  SeqenceLabeling and SpanClassification tasks (`nn.Sequential(Dropout, Linear)`, no pooler).
+
 Regression heads output a raw score [B, 1]; ranking heads one score per (premise, candidate) row [B*K, 1], and the
-loss is a cross-entropy over each group of K rows (the original's RankCeCriterion).
+loss is a cross-entropy over each group of K rows (the original's RankCeCriterion). Sequence-labeling heads output
+[B, L, C] tag logits (loss: the original's SeqCeCriterion, a cross-entropy over every labelled token); span heads
+[B, L, 2], the start and end score of every token (loss: SpanCeCriterion, the mean of the start and end
+cross-entropies over the positions).
 """
 
 import inspect
@@ -28,13 +34,19 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import AutoModel, PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_outputs import BaseModelOutput, SequenceClassifierOutput
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
 from transformers.models.auto.modeling_auto import MODEL_MAPPING
 from transformers.utils import ModelOutput, can_return_tuple
 
-from .configuration_mtdnn import MTDNNConfig
+from .configuration_mtdnn import SPAN_TASK_TYPES, TOKEN_TASK_TYPES, MTDNNConfig
 
 RNN_CELLS = {"gru": nn.GRUCell, "lstm": nn.LSTMCell, "rnn": nn.RNNCell}
+SENTENCE_TASK_TYPES = ("classification", "regression", "ranking")
 
 
 @dataclass
@@ -66,9 +78,12 @@ class MTDNNOutput(ModelOutput):
     loss (`torch.FloatTensor` of shape `()`): the task's loss (cross-entropy, MSE, or cross-entropy over ranking
         groups), when `labels` are given.
     logits (`torch.FloatTensor`): the head's output, as the original's: classification `(B, C)` logits (SAN: log of
-        the turn-averaged probabilities), regression `(B, 1)` scores, ranking `(B*K, 1)` scores, one per row.
+        the turn-averaged probabilities), regression `(B, 1)` scores, ranking `(B*K, 1)` scores, one per row,
+        sequence labeling `(B, L, C)` tag logits, span tasks `(B, L, 2)` start and end scores.
     group_logits (`torch.FloatTensor` of shape `(B, K)`): ranking only: the scores grouped by candidate set (a softmax
         over the last dimension ranks the candidates).
+    start_logits, end_logits (`torch.FloatTensor` of shape `(B, L)`): span tasks only: each token's score as the
+        answer's first and last token.
     hidden_states, attentions: the encoder's, when requested.
     san_states (`MTDNNSANStates`): SAN heads only, with `output_san_states=True`.
     """
@@ -76,6 +91,8 @@ class MTDNNOutput(ModelOutput):
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     group_logits: torch.Tensor | None = None
+    start_logits: torch.Tensor | None = None
+    end_logits: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
     san_states: MTDNNSANStates | None = None
@@ -118,6 +135,19 @@ class MTDNNLinearHead(nn.Module):
 
     def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
         return self.out_proj(self.dense(self.dropout(sequence_output[:, 0])))
+
+
+class MTDNNTokenHead(nn.Module):
+    """The original's token-level head (SeqenceLabeling, SpanClassification): dropout, then a linear layer, on every
+    token."""
+
+    def __init__(self, hidden_size, num_labels, dropout):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.out_proj = nn.Linear(hidden_size, num_labels)
+
+    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(self.dropout(sequence_output))
 
 
 class MTDNNSANHead(nn.Module):
@@ -185,9 +215,25 @@ class MTDNNSANHead(nn.Module):
         return probs.mean(1).log()
 
 
+IGNORE_INDEX = -100  # label of tokens no loss reads (padding, continuation pieces), as transformers' token heads
+
+
 def task_loss(task: dict[str, Any], logits: torch.Tensor, labels: torch.Tensor, group_size: int | None,
               ) -> torch.Tensor:
-    """The original's loss for the task's type: CeCriterion, MseCriterion or RankCeCriterion (over groups of K)."""
+    """The original's loss for the task's type: CeCriterion, MseCriterion, RankCeCriterion (over groups of K),
+    SeqCeCriterion (over the labelled tokens; `IGNORE_INDEX` marks the others, where the original's -1 did) or
+    SpanCeCriterion (half the sum of the start and end cross-entropies; `labels` hold `(start, end)` per row)."""
+    if task["type"] == "sequence_labeling":
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+    if task["type"] in SPAN_TASK_TYPES:
+        if labels.dim() != 2 or labels.size(-1) != 2:
+            raise ValueError(f"span task {task['name']}: labels must be (start, end) token positions of shape (B, 2), "
+                             f"got {tuple(labels.shape)}")
+        if ((labels < 0) | (labels >= logits.size(1))).any():
+            raise ValueError(f"span task {task['name']}: an answer position lies outside the {logits.size(1)} tokens "
+                             "of its row")
+        starts, ends = logits.unbind(-1)
+        return 0.5 * (F.cross_entropy(starts, labels[:, 0]) + F.cross_entropy(ends, labels[:, 1]))
     if task["type"] == "regression":
         return F.mse_loss(logits.view(-1), labels.view(-1).to(logits.dtype))
     if task["type"] == "ranking":
@@ -197,6 +243,15 @@ def task_loss(task: dict[str, Any], logits: torch.Tensor, labels: torch.Tensor, 
         targets = labels.view(-1, group_size)[:, 0] if labels.numel() == logits.size(0) else labels.view(-1)
         return F.cross_entropy(groups, targets)
     return F.cross_entropy(logits, labels.view(-1))
+
+
+def build_head(task: dict[str, Any], hidden_size: int) -> nn.Module:
+    """The head of one task (a task of `MTDNNConfig.tasks`)."""
+    if task["head"] == "san":
+        return MTDNNSANHead(hidden_size, task["num_labels"], task["dropout"], task["san"])
+    if task["type"] in TOKEN_TASK_TYPES:
+        return MTDNNTokenHead(hidden_size, task["num_labels"], task["dropout"])
+    return MTDNNLinearHead(hidden_size, task["num_labels"], task["dropout"])
 
 
 class MTDNNPreTrainedModel(PreTrainedModel):
@@ -244,11 +299,7 @@ class MTDNNModel(MTDNNPreTrainedModel):
         forward = inspect.signature(self.bert.forward).parameters
         # segment ids reach the encoder where it has segment embeddings (BERT, ELECTRA, ALBERT); SAN masks read them
         self.encoder_reads_segments = "token_type_ids" in forward and getattr(config.encoder, "type_vocab_size", 0) > 1
-        self.heads = nn.ModuleDict({
-            task["name"]: MTDNNSANHead(hidden, task["num_labels"], task["dropout"], task["san"])
-            if task["head"] == "san" else MTDNNLinearHead(hidden, task["num_labels"], task["dropout"])
-            for task in config.tasks
-        })
+        self.heads = nn.ModuleDict({task["name"]: build_head(task, hidden) for task in config.tasks})
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Module:
@@ -349,8 +400,10 @@ class MTDNNModel(MTDNNPreTrainedModel):
         premise_mask, hypothesis_mask (`torch.BoolTensor` of shape `(batch_size, sequence_length)`, *optional*): the
             SAN head's masks, True = excluded, as the original's collater passes them. Built from `token_type_ids` and
             `attention_mask` when not given. Other heads ignore them.
-        labels (`torch.Tensor`, *optional*): class ids `(B,)`, regression targets `(B,)`, or for ranking the index of
-            the positive candidate, one per row (`(B*K,)`, the original's layout) or one per group (`(B,)`).
+        labels (`torch.Tensor`, *optional*): class ids `(B,)`, regression targets `(B,)`, for ranking the index of
+            the positive candidate, one per row (`(B*K,)`, the original's layout) or one per group (`(B,)`), for
+            sequence labeling tag ids `(B, L)` (-100 on tokens without a tag), for span tasks the answer's start and
+            end token `(B, 2)` (the first token for no answer).
         group_size (`int`, *optional*): candidates per ranking group; the task's `group_size` when unset.
         output_san_states (`bool`): also return a SAN head's intermediate states.
         output_attentions, output_hidden_states (`bool`, *optional*): the encoder's; this model's config when unset
@@ -383,7 +436,9 @@ class MTDNNModel(MTDNNPreTrainedModel):
         assert sequence_output is not None  # an encoder's output always holds it
         logits, san_states = self.head_logits(spec["name"], sequence_output, token_type_ids, attention_mask,
                                               premise_mask, hypothesis_mask, output_san_states)
-        group_logits = None
+        group_logits = start_logits = end_logits = None
+        if spec["type"] in SPAN_TASK_TYPES:
+            start_logits, end_logits = logits.unbind(-1)
         if spec["type"] == "ranking":
             group_size = group_size or spec["group_size"]
             if logits.size(0) % group_size:
@@ -391,15 +446,31 @@ class MTDNNModel(MTDNNPreTrainedModel):
                                  f"{group_size} candidates")
             group_logits = logits.view(-1, group_size)
         loss = task_loss(spec, logits, labels, group_size) if labels is not None else None
-        return MTDNNOutput(loss=loss, logits=logits, group_logits=group_logits,
-                           hidden_states=encoder_outputs.hidden_states, attentions=encoder_outputs.attentions,
-                           san_states=san_states)
+        return MTDNNOutput(loss=loss, logits=logits, group_logits=group_logits, start_logits=start_logits,
+                           end_logits=end_logits, hidden_states=encoder_outputs.hidden_states,
+                           attentions=encoder_outputs.attentions, san_states=san_states)
+
+
+def single_task(config: MTDNNConfig, task_types: tuple[str, ...], what: str) -> str:
+    """The task a single-task class exposes: `config.default_task`, which must be of one of `task_types`, or else the
+    first task of those types; `ValueError` with one line where there is none."""
+    if config.default_task is not None:
+        spec = config.task(config.default_task)
+        if spec["type"] not in task_types:
+            raise ValueError(f"task {spec['name']} is a {spec['type']} task, not a {what} task (load with "
+                             f"default_task= one of the model's {' or '.join(task_types)} tasks)")
+        return spec["name"]
+    for spec in config.tasks:
+        if spec["type"] in task_types:
+            return spec["name"]
+    described = ", ".join(f"{spec['name']} ({spec['type']})" for spec in config.tasks)
+    raise ValueError(f"the model has no {what} task (its tasks: {described})")
 
 
 class MTDNNForSequenceClassification(MTDNNModel):
     """One task of an MT-DNN model as a plain sequence classifier (pipelines, single-task fine-tuning).
 
-    The task is `config.default_task` (the first task when unset), chosen at load time with
+    The task is `config.default_task` (the first sentence-level task when unset), chosen at load time with
     `from_pretrained(path, default_task="mnli")`. Every head stays in the model, so a fine-tuned copy still loads as
     the multi-task `MTDNNModel`. `config.id2label` and `config.problem_type` follow the chosen task: a classification
     task is single-label, or multi-label where `config.problem_type` asks for it (linear heads only: a SAN head
@@ -410,7 +481,7 @@ class MTDNNForSequenceClassification(MTDNNModel):
 
     def __init__(self, config: MTDNNConfig):
         super().__init__(config)
-        spec = config.task(config.default_task if config.default_task is not None else 0)
+        spec = config.task(single_task(config, SENTENCE_TASK_TYPES, "sequence classification"))
         self.task = spec["name"]
         # the pipeline reads label names and the output function from the config
         labels = spec["labels"] if spec["type"] == "classification" and spec["labels"] else \
@@ -450,5 +521,73 @@ class MTDNNForSequenceClassification(MTDNNModel):
                                         attentions=outputs.attentions)
 
 
-__all__ = ["MTDNNModel", "MTDNNForSequenceClassification", "MTDNNPreTrainedModel", "MTDNNOutput", "MTDNNSANStates",
-           "MTDNNLinearHead", "MTDNNSANHead", "premise_hypothesis_masks", "task_loss"]
+class MTDNNForTokenClassification(MTDNNModel):
+    """One sequence-labeling task of an MT-DNN model as a token classifier (`pipeline("token-classification")`,
+    single-task fine-tuning): `config.default_task`, or the first sequence-labeling task when unset. Every head stays
+    in the model; `config.id2label` holds the task's tags."""
+
+    def __init__(self, config: MTDNNConfig):
+        super().__init__(config)
+        self.task = single_task(config, ("sequence_labeling",), "sequence labeling")
+        labels = config.task(self.task)["labels"]
+        config.id2label = dict(enumerate(labels))
+        config.label2id = {label: i for i, label in enumerate(labels)}
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> TokenClassifierOutput:
+        outputs = super().forward(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+                                  task=self.task, labels=labels, position_ids=position_ids,
+                                  inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
+        return TokenClassifierOutput(loss=outputs.loss, logits=outputs.logits, hidden_states=outputs.hidden_states,
+                                     attentions=outputs.attentions)
+
+
+class MTDNNForQuestionAnswering(MTDNNModel):
+    """One span task of an MT-DNN model as an extractive question-answering model (`pipeline("question-answering")`,
+    single-task fine-tuning): `config.default_task`, or the first span task when unset."""
+
+    def __init__(self, config: MTDNNConfig):
+        super().__init__(config)
+        self.task = single_task(config, SPAN_TASK_TYPES, "span")
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> QuestionAnsweringModelOutput:
+        r"""
+        start_positions, end_positions (`torch.LongTensor` of shape `(batch_size,)`, *optional*): the answer's first
+            and last token (the first token of the row where there is no answer); the loss is the task's.
+        """
+        if (start_positions is None) != (end_positions is None):
+            raise ValueError("give both start_positions and end_positions, or neither")
+        labels = None
+        if start_positions is not None and end_positions is not None:
+            labels = torch.stack([start_positions.view(-1), end_positions.view(-1)], -1)
+        outputs = super().forward(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+                                  task=self.task, labels=labels, position_ids=position_ids,
+                                  inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
+        return QuestionAnsweringModelOutput(loss=outputs.loss, start_logits=outputs.start_logits,
+                                            end_logits=outputs.end_logits, hidden_states=outputs.hidden_states,
+                                            attentions=outputs.attentions)
+
+
+__all__ = ["MTDNNModel", "MTDNNForSequenceClassification", "MTDNNForTokenClassification", "MTDNNForQuestionAnswering",
+           "MTDNNPreTrainedModel", "MTDNNOutput", "MTDNNSANStates", "MTDNNLinearHead", "MTDNNSANHead", "MTDNNTokenHead",
+           "build_head", "premise_hypothesis_masks", "single_task", "task_loss"]

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .modeling_mtdnn import MTDNNModel
 
 NORMS = ("inf", "l2", "l1")
+SMART_TASK_TYPES = ("classification", "regression", "ranking")  # the original's SmartPerturbation asserts these
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,9 @@ def adversarial_loss(model: "MTDNNModel", spec: dict[str, Any], logits: torch.Te
     the same batch from `model` (an `MTDNNModel`) in its current mode; None where the noise's gradient is not
     finite. `inputs` hold `input_ids`, and optionally `token_type_ids`, `attention_mask`, `premise_mask`,
     `hypothesis_mask`, `group_size`."""
+    if spec["type"] not in SMART_TASK_TYPES:
+        raise ValueError(f"SMART covers {', '.join(SMART_TASK_TYPES)} tasks, as the original's SmartPerturbation; "
+                         f"task {spec['name']} is {spec['type']}")
     input_ids = inputs["input_ids"]
     token_type_ids = inputs.get("token_type_ids")
     attention_mask = inputs.get("attention_mask")
@@ -144,4 +148,5 @@ def adversarial_loss(model: "MTDNNModel", spec: dict[str, Any], logits: torch.Te
     return symmetric_kl(clean, adversarial)
 
 
-__all__ = ["NORMS", "SmartSettings", "adversarial_loss", "embedding_output", "stable_kl", "symmetric_kl"]
+__all__ = ["NORMS", "SMART_TASK_TYPES", "SmartSettings", "adversarial_loss", "embedding_output", "stable_kl",
+           "symmetric_kl"]

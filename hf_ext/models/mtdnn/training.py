@@ -1,4 +1,5 @@
-"""Multi-task training of MT-DNN with the transformers `Trainer`: per-task losses and GLUE metrics, the original's
+"""Multi-task training of MT-DNN with the transformers `Trainer`: per-task losses and metrics (GLUE's; entity F1 for
+sequence labeling; SQuAD's exact match and F1 for span tasks), the original's
 task mixing (`data.py`), knowledge distillation from teacher ensembles (MT-DNN-KD, `distillation.py`) and LoRA on
 the encoder, and `train_mtdnn`, the run of `hf-ext mtdnn train` and `hf-ext mtdnn distill`.
 """
@@ -18,27 +19,39 @@ from transformers.utils import ModelOutput
 from ...lora import unwrap
 from ...metrics import load_metric
 from ...trainer import TermLoggingTrainer, send_logs_to_stderr, training_arguments
+from .configuration_mtdnn import SPAN_TASK_TYPES, TOKEN_TASK_TYPES
 from .data import MTDNNCollator, MultiTaskBatchSampler, MultiTaskDataset
 from .distillation import KD_LOSSES, add_soft_labels, distillation_loss
 from .modeling_mtdnn import MTDNNModel
-from .smart import SmartSettings, adversarial_loss
+from .smart import SMART_TASK_TYPES, SmartSettings, adversarial_loss
+from .token_tasks import sequence_labeling_references, span_answers
 
 if TYPE_CHECKING:  # datasets and peft are imported only when used
     from datasets import Dataset
     from peft import PeftModel
 
 OPTIMIZERS = ("adamw", "adamax")  # Trainer's default, and the original's (train.py --optimizer adamax)
+# what evaluation reads of a span task's windows besides the model's inputs (`token_tasks.encode_squad_examples`)
+SPAN_COLUMNS = ("example_id", "offset_mapping", "context", "answers")
+SEQUENCE_LABELING_METRICS = ("precision", "recall", "f1", "accuracy")
+SPAN_METRICS = ("exact_match", "f1")
 
 
 @cache
-def _glue_metric(config_name):
-    return load_metric("glue", config_name=config_name)
+def _metric(name, config_name=None):
+    return load_metric(name, config_name=config_name)
 
 
 def task_metric_names(spec: dict[str, Any]) -> list[str]:
-    """The GLUE metric names (`accuracy`, `f1`, ...) of a task, from its `metrics` (the original's names)."""
+    """The metric names a task's evaluation reports: GLUE's (`accuracy`, `f1`, ...) from its `metrics` (the
+    original's names); entity `precision`, `recall`, `f1` and token `accuracy` for sequence labeling; `exact_match`
+    and `f1` (percent) for span tasks (SQuAD v2.0 adds them over the answerable and unanswerable questions)."""
     from ...metrics.glue.glue import metric_names  # plain functions; the evaluate module is loaded by path
 
+    if spec["type"] == "sequence_labeling":
+        return list(SEQUENCE_LABELING_METRICS)
+    if spec["type"] in SPAN_TASK_TYPES:
+        return list(SPAN_METRICS)
     try:
         return metric_names(spec["metrics"])
     except ValueError as error:
@@ -56,11 +69,26 @@ def task_predictions(spec: dict[str, Any], predictions: np.ndarray | Sequence[np
 
 
 def evaluate_task(spec: dict[str, Any], predictions: np.ndarray | Sequence[np.ndarray],
-                  references: np.ndarray | Sequence[np.ndarray]) -> dict[str, float]:
-    """The task's GLUE metrics (`spec["metrics"]`) of gathered predictions against the references."""
+                  references: np.ndarray | Sequence[np.ndarray], windows: Any = None) -> dict[str, float]:
+    """The task's metrics (`task_metric_names`) of gathered predictions (the head outputs; `logits` first) against
+    the references: GLUE's, seqeval's entity scores of the labelled words (`token_tasks.sequence_labeling_references`)
+    or SQuAD's over the questions (`token_tasks.span_answers`; `windows` holds the evaluated windows' `example_id`,
+    `offset_mapping`, `context` and `answers`, in order)."""
+    outputs = predictions if isinstance(predictions, (tuple, list)) else (predictions,)
+    if spec["type"] == "sequence_labeling":
+        predicted, gold = sequence_labeling_references(spec, outputs[0], np.asarray(references))
+        scores = _metric("seqeval").compute(predictions=predicted, references=gold)
+        return {name: scores[f"overall_{name}"] for name in SEQUENCE_LABELING_METRICS}
+    if spec["type"] in SPAN_TASK_TYPES:
+        if windows is None:
+            raise ValueError(f"span task {spec['name']}: evaluation needs the windows' {', '.join(SPAN_COLUMNS)}")
+        answers, gold_answers = span_answers(spec, outputs[0], windows)
+        version = "v2" if spec["type"] == "span_classification_yn" else "v1"
+        return _metric("squad", version).compute(predictions=list(answers.values()),
+                                                 references=[gold_answers[key] for key in answers])
     config_name = "regression" if spec["type"] == "regression" else "classification"
-    return _glue_metric(config_name).compute(predictions=task_predictions(spec, predictions),
-                                             references=np.asarray(references), metrics=task_metric_names(spec))
+    return _metric("glue", config_name).compute(predictions=task_predictions(spec, predictions),
+                                                references=np.asarray(references), metrics=task_metric_names(spec))
 
 
 def _mtdnn_model(model: torch.nn.Module) -> MTDNNModel:
@@ -115,6 +143,12 @@ class MTDNNTrainer(TermLoggingTrainer):
         if train_dataset is not None and not isinstance(train_dataset, MultiTaskDataset):
             train_dataset = MultiTaskDataset(train_dataset)
         self.mtdnn_config = unwrap(model).config
+        if smart is not None and train_dataset is not None:
+            for dataset in train_dataset.datasets:
+                spec = self.mtdnn_config.task(int(dataset[0]["task"]))
+                if spec["type"] not in SMART_TASK_TYPES:
+                    raise ValueError(f"SMART adversarial training covers {', '.join(SMART_TASK_TYPES)} tasks, as the "
+                                     f"original's SmartPerturbation; task {spec['name']} is {spec['type']}")
         if data_collator is None:
             data_collator = MTDNNCollator(pad_token_id=self.mtdnn_config.encoder.pad_token_id or 0)
         super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
@@ -129,8 +163,10 @@ class MTDNNTrainer(TermLoggingTrainer):
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
-        if "soft_labels" not in self._signature_columns:
-            self._signature_columns.append("soft_labels")
+        # soft targets for distillation, and what a span task's evaluation reads (the collator leaves them out)
+        for column in ("soft_labels", *SPAN_COLUMNS):
+            if column not in self._signature_columns:
+                self._signature_columns.append(column)
 
     def get_train_dataloader(self) -> DataLoader:
         if self.train_dataset is None:
@@ -184,7 +220,8 @@ class MTDNNTrainer(TermLoggingTrainer):
                                          metric_key_prefix)
         if spec is not None and output.predictions is not None and output.label_ids is not None:
             assert output.metrics is not None  # Trainer.evaluation_loop always returns its metrics
-            for name, value in evaluate_task(spec, output.predictions, output.label_ids).items():
+            windows = dataset if spec["type"] in SPAN_TASK_TYPES else None
+            for name, value in evaluate_task(spec, output.predictions, output.label_ids, windows).items():
                 output.metrics[f"{metric_key_prefix}_{name}"] = value
         return output
 
@@ -203,8 +240,9 @@ def train_mtdnn(model: "MTDNNModel | PeftModel", train_dataset: dict[str, "Datas
     `kd_loss`, `kd_weight`, `optimizer_name`). Returns the trainer after training."""
     trainer_settings = {key: settings.pop(key) for key in TRAINER_SETTINGS if key in settings}
     args = args if args is not None else training_arguments(**settings)
-    if teachers:
-        train_dataset = {task: add_soft_labels(dataset, teachers, task, batch_size=teacher_batch_size)
+    if teachers:  # token-level tasks train on their labels alone (see `teacher_soft_labels`)
+        train_dataset = {task: dataset if unwrap(model).config.task(task)["type"] in TOKEN_TASK_TYPES
+                         else add_soft_labels(dataset, teachers, task, batch_size=teacher_batch_size)
                          for task, dataset in train_dataset.items()}
     trainer = MTDNNTrainer(model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset or None,
                            **trainer_settings)
