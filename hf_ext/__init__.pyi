@@ -4,7 +4,9 @@ from hf_ext.models import MODELS as MODELS
 from hf_ext.models.ernie2 import Ernie2ForPreTraining as Ernie2ForPreTraining
 from hf_ext.models.ernie2 import Ernie2PreTrainingConfig as Ernie2PreTrainingConfig
 from hf_ext.models.mtdnn import MTDNNConfig as MTDNNConfig
+from hf_ext.models.mtdnn import MTDNNForQuestionAnswering as MTDNNForQuestionAnswering
 from hf_ext.models.mtdnn import MTDNNForSequenceClassification as MTDNNForSequenceClassification
+from hf_ext.models.mtdnn import MTDNNForTokenClassification as MTDNNForTokenClassification
 from hf_ext.models.mtdnn import MTDNNModel as MTDNNModel
 from hf_ext.models.optimus import OptimusConfig as OptimusConfig
 from hf_ext.models.optimus import OptimusForSequenceClassification as OptimusForSequenceClassification
@@ -33,7 +35,9 @@ __all__ = [
     "UniversalTransformerForSequenceClassification",
     "UniversalTransformerModel",
     "MTDNNConfig",
+    "MTDNNForQuestionAnswering",
     "MTDNNForSequenceClassification",
+    "MTDNNForTokenClassification",
     "MTDNNModel",
     "Ernie2ForPreTraining",
     "Ernie2PreTrainingConfig",

@@ -2,7 +2,8 @@
 regression, ranking, sequence labeling, span classification with and without unanswerable questions) on BERT,
 RoBERTa, XLM-RoBERTa, DeBERTa, DeBERTa-v2 (v3's settings), ELECTRA, ALBERT and ModernBERT, each a tiny random config
 built here (nothing downloaded): forward and loss of every task, save and reload, a pretrained encoder under new
-heads, refusals of non-encoders, and (slow) Trainer steps that lower the loss, LoRA on each encoder's attention, and remote-code loading without hf-ext."""
+heads, refusals of non-encoders, and (slow) Trainer steps that lower the loss, LoRA on each encoder's attention, and
+remote-code loading without hf-ext."""
 
 import json
 import subprocess

@@ -491,3 +491,34 @@ def test_token_heads_export_to_onnx(tmp_path):
         for name, values in zip(model.config.task_names, outputs, strict=True):
             expected = model(**{key: torch.from_numpy(value) for key, value in batch.items()}, task=name).logits
             np.testing.assert_allclose(values, expected.numpy(), atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+def test_the_cli_trains_token_tasks_on_a_new_encoder(tmp_path, capsys):
+    """`hf-ext mtdnn train ENCODER --task-def YAML` with CoNLL and SQuAD data: per-task evaluation, the best
+    checkpoint by a span metric, and a folder that loads as the token classifier and the question-answering model."""
+    from transformers import BertModel
+
+    from hf_ext.cli import main
+
+    encoder = tmp_path / "encoder"
+    BertModel(token_config().encoder).save_pretrained(encoder)
+    tokenizer().save_pretrained(encoder)
+    (tmp_path / "tasks.yml").write_text(TOKEN_TASK_DEF_YAML)
+    write_conll(tmp_path / "ner.conll", toy_sentences(64))
+    write_conll(tmp_path / "ner_dev.conll", toy_sentences(16, seed=1))
+    write_jsonl(tmp_path / "qa.jsonl", toy_questions(64))
+    write_jsonl(tmp_path / "qa_dev.jsonl", toy_questions(16, seed=1))
+    out = tmp_path / "out"
+    code = main(["mtdnn", "train", str(encoder), "--task-def", str(tmp_path / "tasks.yml"),
+                 "--train", f"tags={tmp_path / 'ner.conll'}", "--train", f"squad={tmp_path / 'qa.jsonl'}",
+                 "--eval", f"tags={tmp_path / 'ner_dev.conll'}", "--eval", f"squad={tmp_path / 'qa_dev.jsonl'}",
+                 "--max-steps", "20", "--eval-steps", "10", "--batch-size", "8", "--learning-rate", "1e-3",
+                 "--metric-for-best-model", "squad_f1", "--output-dir", str(out), "--max-length", "32"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert {"eval_tags_f1", "eval_tags_precision", "eval_squad_exact_match", "eval_squad_f1"} <= set(summary["eval"])
+    config = json.loads((out / "config.json").read_text())
+    assert [task["name"] for task in config["tasks"]] == ["tags", "squad"]
+    assert AutoModelForTokenClassification.from_pretrained(out).task == "tags"
+    assert AutoModelForQuestionAnswering.from_pretrained(out).task == "squad"
