@@ -478,8 +478,8 @@ def test_yaml_problems_are_refused(small_checkpoint, tmp_path, capsys):
     checkpoint, yaml_text = small_checkpoint
     cases = {
         "missing task": (yaml_text.split("stsb:")[0], "task(s) stsb are not defined in the task definitions"),
-        "unknown type": (yaml_text.replace("task_type: Regression", "task_type: SeqenceLabeling"),
-                         "task_type 'SeqenceLabeling' is not supported"),
+        "unknown type": (yaml_text.replace("task_type: Regression", "task_type: MaskLM"),
+                         "task_type 'MaskLM' is not supported"),
         "label count": (yaml_text.replace("n_class: 3", "n_class: 4").replace(
             "  labels: [contradiction, neutral, entailment]\n", ""),
             "task mnli (scoring_list.0): the task definition says 4 label(s), the weights "

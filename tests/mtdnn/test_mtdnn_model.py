@@ -143,7 +143,7 @@ def test_config_round_trips_through_json(tmp_path):
 @pytest.mark.parametrize("yaml_text, message", [
     ("sst: [unclosed", "malformed task-definition YAML at line"),
     ("- just\n- a list\n", "must map task names"),
-    ("sst:\n  task_type: SpanClassification\n  n_class: 2\n", "task_type 'SpanClassification' is not supported"),
+    ("sst:\n  task_type: SeqenceGeneration\n  n_class: 2\n", "task_type 'SeqenceGeneration' is not supported"),
     ("sst:\n  task_type: Classification\n", "lacks n_class"),
     ("sst:\n  task_type: Classification\n  n_class: 2\n  enable_sna: true\n", "unknown key(s) enable_sna"),
     ("sst:\n  task_type: Classification\n  n_class: 3\n  labels: [a, b]\n", "2 label names for 3 labels"),

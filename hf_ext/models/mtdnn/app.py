@@ -7,6 +7,7 @@ imports; not imported by the package."""
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from ...hub import model_name
@@ -102,7 +103,7 @@ class MTDNNApp:
                       for key in ("input_ids", "token_type_ids", "attention_mask")}
             logits.append(self.model(**inputs, task=task["name"]).logits[0].float().cpu().numpy())
         width = max(len(row) for row in logits)
-        padded = [list(row) + [[-1e9, -1e9]] * (width - len(row)) for row in logits]
+        padded = np.stack([np.pad(row, ((0, width - len(row)), (0, 0))) for row in logits])  # read up to each length
         answers, _ = span_answers(task, padded, windows)
         return {"type": task["type"], "answer": answers["0"]}
 
