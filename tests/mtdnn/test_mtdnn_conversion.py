@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from torch.nn import functional as F
-from transformers import AutoModel, BertConfig, BertModel, BertTokenizer, pipeline
+from transformers import AutoModel, BertConfig, BertTokenizer, pipeline
 
 import hf_ext  # noqa: F401  (registers the Auto classes)
 from hf_ext.cli import main
@@ -211,7 +211,8 @@ ORIGINAL = types.SimpleNamespace(
                                        "SpanClassification": 4}, module="data_utils.task_def"),
     DataFormat=enum.IntEnum("DataFormat", {"PremiseOnly": 1, "PremiseAndOneHypothesis": 2,
                                            "PremiseAndMultiHypothesis": 3}, module="data_utils.task_def"),
-    EncoderModelType=enum.IntEnum("EncoderModelType", {"BERT": 1, "ROBERTA": 2}, module="data_utils.task_def"),
+    EncoderModelType=enum.IntEnum("EncoderModelType", {"BERT": 1, "ROBERTA": 2, "XLNET": 3, "DEBERTA": 6,
+                                                       "ELECTRA": 7, "T5": 8}, module="data_utils.task_def"),
     Metric=enum.Enum("Metric", {"ACC": 0, "F1": 1, "MCC": 2, "Pearson": 3, "Spearman": 4},
                      module="data_utils.metrics"),
     LossCriterion=enum.IntEnum("LossCriterion", {"CeCriterion": 0, "MseCriterion": 1, "RankCeCriterion": 2,
@@ -267,10 +268,11 @@ def original_head(index, hidden, n_class, san, generator):
 
 
 def write_original_checkpoint(path, bert, tasks, san, encoder_type=1, seed=0, **extra_options):
-    """A checkpoint as the original's MTDNNModel.save writes it. `tasks`: (dataset, TaskDef) in training order."""
+    """A checkpoint as the original's MTDNNModel.save writes it. `tasks`: (dataset, TaskDef) in training order.
+    `bert`: the encoder's config (BERT's, or RoBERTa's, DeBERTa's, ELECTRA's with the matching `encoder_type`)."""
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    encoder = BertModel(bert, add_pooling_layer=True)
+    encoder = AutoModel.from_config(bert)  # with its pooler where it has one, as the original builds it
     state = {f"bert.{key}": value for key, value in encoder.state_dict().items()}
     state["bert.embeddings.position_ids"] = torch.arange(bert.max_position_embeddings)[None]
     for index, (_, task_def) in enumerate(tasks):
@@ -298,7 +300,7 @@ def original_masks(token_type_ids, attention_mask):
 
 def original_outputs(state, bert, index, task_def, san, batch):
     """The original network's eval-mode output for task `index`, computed from its own weight names."""
-    encoder = BertModel(bert, add_pooling_layer=True).eval()
+    encoder = AutoModel.from_config(bert).eval()
     encoder.load_state_dict({k[5:]: v for k, v in state.items()
                              if k.startswith("bert.") and k != "bert.embeddings.position_ids"})
     with torch.no_grad():
@@ -511,8 +513,18 @@ def test_unsupported_encoders_and_san_variants_are_refused(tmp_path, capsys):
                       max_position_embeddings=16)
     tasks = [("rte", original_task_def("Classification", "PremiseAndOneHypothesis", 2, True))]
     san = {"num_turns": 2, "memory_type": 1, "merge_opt": 1, "rnn_type": "gru"}
-    write_original_checkpoint(tmp_path / "roberta.pt", bert, tasks, san, ORIGINAL.EncoderModelType.ROBERTA)
-    assert_refused(capsys, tmp_path / "out", tmp_path / "roberta.pt", message="encoder_type ROBERTA is not supported")
+    supported = "(supported: BERT, ROBERTA, DEBERTA, ELECTRA)"
+    for encoder_type, name in ((ORIGINAL.EncoderModelType.XLNET, "XLNET"), (8, "T5")):
+        write_original_checkpoint(tmp_path / "other.pt", bert, tasks, san, encoder_type)
+        assert_refused(capsys, tmp_path / "out", tmp_path / "other.pt",
+                       message=f"encoder_type {name} is not supported {supported}")
+    write_original_checkpoint(tmp_path / "unknown.pt", bert, tasks, san, 99)
+    assert_refused(capsys, tmp_path / "out", tmp_path / "unknown.pt",
+                   message=f"encoder_type 99 is not one of the original's encoder types {supported}")
+    # a BERT config under a RoBERTa encoder_type: the config's model_type says otherwise
+    write_original_checkpoint(tmp_path / "mixed.pt", bert, tasks, san, ORIGINAL.EncoderModelType.ROBERTA)
+    assert_refused(capsys, tmp_path / "out", tmp_path / "mixed.pt",
+                   message="encoder_type RoBERTa but the config's model_type is 'bert'")
     write_original_checkpoint(tmp_path / "mlp.pt", bert, tasks, san, answer_att_type="simple")
     assert_refused(capsys, tmp_path / "out", tmp_path / "mlp.pt",
                    message="unsupported SAN option(s) answer_att_type='simple'")

@@ -1,9 +1,10 @@
 """Conversion of original MT-DNN checkpoints (namisan/mt-dnn `MTDNNModel.save`) into an `MTDNNModel` folder.
 
 The checkpoint is `torch.save({"state": network.state_dict(), "optimizer": ..., "config": opt})`, where `opt` holds
-train.py's options, the BERT config (flat) and `task_def_list`: pickled `experiments.exp_def.TaskDef` objects with the
-original's enums and `Vocabulary` label maps. It is read by torch's weights-only unpickler with those classes mapped
-to inert stand-ins (plain enums and attribute holders), so nothing in the pickle is executed.
+train.py's options, the encoder's config (flat: BERT's, RoBERTa's, DeBERTa's or ELECTRA's, by `encoder_type`) and
+`task_def_list`: pickled `experiments.exp_def.TaskDef` objects with the original's enums and `Vocabulary` label maps.
+It is read by torch's weights-only unpickler with those classes mapped to inert stand-ins (plain enums and attribute
+holders), so nothing in the pickle is executed.
 
 Task names are the `--train_datasets` prefixes (train.py's task ids follow their order); the task definitions come from
 the checkpoint or from the original's task-definition YAML (`--task-def`).
@@ -16,11 +17,19 @@ import pickle
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
-from transformers import AutoTokenizer, BertConfig, PreTrainedTokenizerBase
+from transformers import (
+    AutoTokenizer,
+    BertConfig,
+    DebertaConfig,
+    ElectraConfig,
+    PretrainedConfig,
+    PreTrainedTokenizerBase,
+    RobertaConfig,
+)
 from transformers.utils import logging
 
 from ...checkpoints import safe_torch_load
@@ -47,7 +56,12 @@ BERT_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_atten
                     "type_vocab_size", "initializer_range", "layer_norm_eps", "pad_token_id",
                     "position_embedding_type")
 REQUIRED_BERT_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
-# buffers and the BERT pooler: rebuilt by BertModel, or never read by the original (its heads have their own pooler)
+DEBERTA_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                       "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
+                       "type_vocab_size", "initializer_range", "layer_norm_eps", "pad_token_id", "relative_attention",
+                       "max_relative_positions", "position_biased_input", "pos_att_type", "embedding_size")
+# buffers and the encoder's pooler (BERT's, RoBERTa's): rebuilt by the encoder, or never read by the original (its
+# heads have their own pooler)
 DROPPED_ENCODER_KEYS = re.compile(r"^bert\.(embeddings\.(position_ids|token_type_ids)|pooler\..*)$")
 HEAD_KEY = re.compile(r"^scoring_list\.(\d+)\.(.+)$")
 # original SANClassifier parameter -> MTDNNSANHead parameter
@@ -201,8 +215,8 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
     if not all(isinstance(value, torch.Tensor) for value in state.values()):
         raise HfExtError(f"checkpoint {path}: 'state' holds something other than tensors")
     if "bert.embeddings.word_embeddings.weight" not in state:
-        raise HfExtError(f"checkpoint {path}: no bert.embeddings.word_embeddings.weight in 'state' (only BERT "
-                         "encoders are supported)")
+        raise HfExtError(f"checkpoint {path}: no bert.embeddings.word_embeddings.weight in 'state' (the encoder's "
+                         "weights, SANBertNetwork.bert)")
     return state, opt
 
 
@@ -268,22 +282,66 @@ def train_task_names(opt: dict[str, Any]) -> list[str] | None:
     return list(dict.fromkeys(str(dataset).split("_")[0] for dataset in datasets))
 
 
-def encoder_config(opt: dict[str, Any], path: str | Path) -> BertConfig:
-    """The BERT config train.py merged flat into `opt`; only BERT encoders are supported."""
+class EncoderFormat(NamedTuple):
+    """How one of the original's `--encoder_type`s is read: its name, transformers config class (the encoder model
+    the original builds is `AutoModel`'s for it: BertModel, RobertaModel, DebertaModel, ElectraModel) and the keys of
+    that config train.py merged flat into `opt`."""
+
+    name: str
+    config_class: type[PretrainedConfig]
+    keys: tuple[str, ...]
+    # the pair layout its tokenizer writes, for the model card (prepro_std.py keeps the tokenizer's segment ids)
+    pair_inputs: str
+
+
+BERT_PAIRS = "`[CLS] premise [SEP] hypothesis [SEP]` with segment ids 0 then 1"
+# the original's encoder types (`data_utils.task_def.EncoderModelType`) that convert; the others are refused
+ENCODER_FORMATS = {
+    OriginalEncoderModelType.BERT: EncoderFormat("BERT", BertConfig, BERT_CONFIG_KEYS, BERT_PAIRS),
+    OriginalEncoderModelType.ROBERTA: EncoderFormat(
+        "RoBERTa", RobertaConfig, (*BERT_CONFIG_KEYS, "bos_token_id", "eos_token_id"),
+        "`<s> premise </s></s> hypothesis </s>` with segment ids 0 throughout as the original's data hold them "
+        "(RoBERTa's tokenizer returns none; a SAN head needs segment id 1 on the hypothesis to find it)"),
+    OriginalEncoderModelType.DEBERTA: EncoderFormat("DeBERTa", DebertaConfig, DEBERTA_CONFIG_KEYS, BERT_PAIRS),
+    OriginalEncoderModelType.ELECTRA: EncoderFormat("ELECTRA", ElectraConfig, (*BERT_CONFIG_KEYS, "embedding_size"),
+                                                    BERT_PAIRS),
+}
+
+
+def encoder_format(opt: dict[str, Any], path: str | Path) -> EncoderFormat:
+    """The format of the checkpoint's `encoder_type` (train.py's `--encoder_type`: an int, or the enum when left at
+    its default); refuses the types that do not convert."""
     encoder_type = opt.get("encoder_type", OriginalEncoderModelType.BERT)
-    if int(encoder_type) != OriginalEncoderModelType.BERT:
-        known = OriginalEncoderModelType._value2member_map_.get(int(encoder_type))
-        raise HfExtError(f"checkpoint {path}: encoder_type {known.name if known else int(encoder_type)} is not "
-                         "supported (only BERT)")
+    if isinstance(encoder_type, bool) or not isinstance(encoder_type, int):
+        raise HfExtError(f"checkpoint {path}: encoder_type {encoder_type!r} is not one of the original's encoder "
+                         "types (an int or EncoderModelType)")
+    supported = ", ".join(member.name for member in ENCODER_FORMATS)
+    known = OriginalEncoderModelType._value2member_map_.get(int(encoder_type))
+    if known is None:
+        raise HfExtError(f"checkpoint {path}: encoder_type {int(encoder_type)} is not one of the original's encoder "
+                         f"types (supported: {supported})")
+    if known not in ENCODER_FORMATS:
+        raise HfExtError(f"checkpoint {path}: encoder_type {known.name} is not supported (supported: {supported})")
+    return ENCODER_FORMATS[known]
+
+
+def encoder_config(opt: dict[str, Any], path: str | Path) -> PretrainedConfig:
+    """The encoder config train.py merged flat into `opt` (BertConfig, RobertaConfig, DebertaConfig or ElectraConfig
+    by `encoder_type`)."""
+    encoder = encoder_format(opt, path)
+    model_type = opt.get("model_type")
+    if model_type is not None and model_type != encoder.config_class.model_type:
+        raise HfExtError(f"checkpoint {path}: encoder_type {encoder.name} but the config's model_type is "
+                         f"{model_type!r}")
     missing = [key for key in REQUIRED_BERT_KEYS if key not in opt]
     if missing:
-        raise HfExtError(f"checkpoint {path}: the config lacks the BERT settings {', '.join(missing)}")
+        raise HfExtError(f"checkpoint {path}: the config lacks the {encoder.name} settings {', '.join(missing)}")
     try:
-        encoder = BertConfig(**{key: opt[key] for key in BERT_CONFIG_KEYS if key in opt})
-        MTDNNConfig(encoder=encoder)  # the config's own checks of the encoder, before any task is read
-    except (ValueError, StrictDataclassError) as error:
-        raise HfExtError(f"checkpoint {path}: invalid BERT settings: {one_line(error)}") from None
-    return encoder
+        config = encoder.config_class(**{key: opt[key] for key in encoder.keys if key in opt})
+        MTDNNConfig(encoder=config)  # the config's own checks of the encoder, before any task is read
+    except (ValueError, TypeError, StrictDataclassError) as error:
+        raise HfExtError(f"checkpoint {path}: invalid {encoder.name} settings: {one_line(error)}") from None
+    return config
 
 
 def san_settings(opt: dict[str, Any]) -> dict[str, Any]:
@@ -374,6 +432,17 @@ def convert_state_dict(state: dict[str, torch.Tensor], config: MTDNNConfig,
     return converted, dropped
 
 
+def tokenizer_note(encoder: EncoderFormat, opt: dict[str, Any]) -> str:
+    """The card's note when no tokenizer is saved: which one the checkpoint's encoder was trained with, as far as the
+    options say (train.py's `--bert_model_type` is BERT's and stays at its default for other encoders, whose
+    tokenizer is the one of `--init_checkpoint`)."""
+    if encoder.name == "BERT":
+        return f"no tokenizer in the folder: use the one of {opt.get('bert_model_type', 'the BERT encoder')}"
+    source = opt.get("init_checkpoint")
+    origin = f" (train.py's --init_checkpoint was {source!r})" if isinstance(source, str) and source else ""
+    return f"no tokenizer in the folder: use the {encoder.name} tokenizer of the encoder it was trained from{origin}"
+
+
 def load_tokenizer(name_or_path: str | Path, vocab_size: int) -> PreTrainedTokenizerBase:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=False)
@@ -393,6 +462,11 @@ REFERENCE_TOLERANCES = {
                                               "san_h_state", "san_gru_out", "san_turn_scores")},
     "san_att_scores": Tolerance(atol=5e-5, rtol=1e-4, infinities=True),
 }
+
+# encoders whose hidden states at padded positions differ between the original's transformers (4.20) and this one,
+# while every real token's agree: DeBERTa (v1) 4.20 zeroes the attention of padded queries, transformers 5 lets them
+# attend to the real tokens. No head reads a padded position, so these compare at real tokens only.
+PADDED_POSITIONS_DIFFER = frozenset({"deberta"})
 
 
 def reference_outputs(model: MTDNNModel, reference: dict[str, torch.Tensor]) -> dict[str, Compared]:
@@ -418,8 +492,15 @@ def reference_outputs(model: MTDNNModel, reference: dict[str, torch.Tensor]) -> 
                         san_gru_out=states.rnn_outputs, san_turn_scores=states.turn_logits)
         for name, value in ours.items():
             expected = reference.get(f"{task}.{name}")
-            if value is not None and expected is not None:
-                compared[f"{task} {name}"] = Compared(value, expected, REFERENCE_TOLERANCES[name])
+            if value is None or expected is None:
+                continue
+            shown = name
+            if (name == "all_hidden_states" and "attention_mask" in inputs
+                    and model.config.encoder.model_type in PADDED_POSITIONS_DIFFER
+                    and expected.shape[1:3] == inputs["attention_mask"].shape):
+                real = inputs["attention_mask"].bool()
+                value, expected, shown = value[:, real], expected[:, real], f"{name} (real tokens)"
+            compared[f"{task} {shown}"] = Compared(value, expected, REFERENCE_TOLERANCES[name])
     return compared
 
 
@@ -447,8 +528,9 @@ def convert_mtdnn_checkpoint(checkpoint: str | Path, out: str | Path, *, task_de
     if ranking and not group_sizes:
         notes.append(f"ranking group sizes (candidates per group) are not stored in the checkpoint; set to "
                      f"{', '.join(ranking)} (change with --group-size or config.tasks[i]['group_size'])")
+    encoder = encoder_format(opt, checkpoint)
     if processor is None:
-        notes.append(f"no tokenizer in the folder: use the one of {opt.get('bert_model_type', 'the BERT encoder')}")
+        notes.append(tokenizer_note(encoder, opt))
     with atomic_output_dir(out, overwrite) as staging:
         logger.info(f"writing {len(weights)} tensors")
         write_model_folder(staging, MTDNNModel, config, weights, ENTRY.auto_map, processor=processor,
@@ -465,10 +547,11 @@ def convert_mtdnn_checkpoint(checkpoint: str | Path, out: str | Path, *, task_de
         require_parity(parity, reference)
         write_model_card(
             staging, ENTRY.card_template,
-            card_data(license="mit", tags=["mt-dnn", "multi-task", "bert", "text-classification"],
+            card_data(license="mit", tags=["mt-dnn", "multi-task", config.encoder.model_type, "text-classification"],
                       pipeline_tag="text-classification"),
             model_name=Path(out).name, repo_id=push_to_hub or Path(out).name, tasks=config.tasks,
             default_task=config.default_task or config.tasks[0]["name"],
+            encoder_name=encoder.name, pair_inputs=encoder.pair_inputs,
             encoder_layers=config.encoder.num_hidden_layers, encoder_hidden=config.encoder.hidden_size,
             encoder_vocab=config.encoder.vocab_size,
             hf_ext_version=__version__, source_file=file_record(checkpoint),
