@@ -40,18 +40,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-BLOCK = re.compile(r"(<!-- figures from (?P<source>\S+)(?: (?P<view>\w+))? -->\n)(?P<body>.*?)"
+BLOCK = re.compile(r"(<!-- figures from (?P<source>\S+)(?: (?P<view>[\w-]+))? -->\n)(?P<body>.*?)"
                    r"(<!-- end of figures -->)", re.DOTALL)
 DEMO_RESULTS = ROOT / "docs" / "results" / "demo.json"
 DEMO_SEEDS = (0, 1, 2, 3)
 DEMO_PICTURE = ROOT / "docs" / "images" / "optimus_demo.png"  # seed 0's demo.png
 CONVERSIONS_RESULTS = ROOT / "docs" / "results" / "conversions.json"
 # converter: the fixtures it converts, each (source, reference), relative to the repository root
-FIXTURE_CONVERSIONS = {
+# converter -> its fixtures: (source, reference, further arguments of `hf-ext convert`)
+FIXTURE_CONVERSIONS: dict[str, list[tuple[str, ...]]] = {
     "optimus": [("tests/fixtures/optimus/tiny", "tests/fixtures/optimus/tiny/reference.safetensors")],
     "universal-transformer": [("tests/fixtures/universal_transformer/tiny",
                                "tests/fixtures/universal_transformer/tiny/reference.safetensors")],
-    "mtdnn": [("tests/fixtures/mtdnn/tiny/model_0.pt", "tests/fixtures/mtdnn/tiny/reference.safetensors")],
+    "mtdnn": [("tests/fixtures/mtdnn/tiny/model_0.pt", "tests/fixtures/mtdnn/tiny/reference.safetensors"),
+              # ranking groups of 3: the checkpoint does not record group sizes
+              ("tests/fixtures/mtdnn/roberta/model_0.pt", "tests/fixtures/mtdnn/roberta/reference.safetensors",
+               "--group-size", "qnnli=3"),
+              ("tests/fixtures/mtdnn/deberta/model_0.pt", "tests/fixtures/mtdnn/deberta/reference.safetensors"),
+              ("tests/fixtures/mtdnn/electra/model_0.pt", "tests/fixtures/mtdnn/electra/reference.safetensors")],
     "ernie2": [("tests/fixtures/ernie2/tiny/paddle_static", "tests/fixtures/ernie2/tiny/reference.safetensors"),
                ("tests/fixtures/ernie2/tiny/paddlenlp", "tests/fixtures/ernie2/tiny/reference.safetensors")],
 }
@@ -121,16 +127,20 @@ def demo_view(results: dict, view: str | None) -> str:
 
 
 def conversion_view(results: dict, converter: str) -> str:
-    """Each output's maximum absolute error against the original's, one column per converted fixture."""
+    """Each output's maximum absolute error against the original's, one column per converted fixture (a dash where
+    a fixture has no such output: fixtures hold different tasks)."""
     if converter not in results["converters"]:
         raise SystemExit(f"the conversions' figures have the views {', '.join(results['converters'])}, not "
                          f"{converter!r}")
     runs = results["converters"][converter]
     columns = " | ".join(f"`{run['source'].removeprefix('tests/fixtures/')}`" for run in runs)
     rows = [f"| output | {columns} | tolerance |", "|---|" + "---|" * len(runs) + "---|"]
-    for index, check in enumerate(runs[0]["checks"]):
-        errors = " | ".join(run["checks"][index]["error"] for run in runs)
-        rows.append(f"| `{check['output']}` | {errors} | {check['tolerance']} |")
+    checks = [{check["output"]: check for check in run["checks"]} for run in runs]
+    outputs = list(dict.fromkeys(check["output"] for run in runs for check in run["checks"]))
+    for output in outputs:
+        errors = " | ".join(found[output]["error"] if output in found else "—" for found in checks)
+        tolerances = sorted({found[output]["tolerance"] for found in checks if output in found})
+        rows.append(f"| `{output}` | {errors} | {'; '.join(tolerances)} |")
     return "\n".join(rows)
 
 
@@ -217,8 +227,8 @@ def record_conversions() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for converter, fixtures in FIXTURE_CONVERSIONS.items():
             converters[converter] = []
-            for number, (source, reference) in enumerate(fixtures):
-                command = ["hf-ext", "convert", converter, source, "OUT", "--reference", reference]
+            for number, (source, reference, *arguments) in enumerate(fixtures):
+                command = ["hf-ext", "convert", converter, source, "OUT", "--reference", reference, *arguments]
                 printed = subprocess.run([*command[:4], str(Path(scratch) / f"{converter}-{number}"), *command[5:]],
                                          cwd=ROOT, capture_output=True, text=True)
                 if printed.returncode != 0:

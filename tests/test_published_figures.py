@@ -43,6 +43,16 @@ def test_every_results_file_is_published_and_says_where_it_came_from(results):
         assert [seed["seed"] for seed in figures["per_seed"]] == figures["seeds"]
 
 
+@pytest.mark.parametrize("page", publish.PAGES, ids=lambda page: page.name)
+def test_every_figures_marker_opens_a_block_the_check_reads(page):
+    """A marker the block pattern does not match (a view it cannot read, a missing end line) would be neither
+    rendered nor checked."""
+    text = page.read_text(encoding="utf-8")
+    blocks = [match.start() for match in publish.BLOCK.finditer(text)]
+    markers = [match.start() for match in re.finditer(r"<!-- figures from ", text)]
+    assert markers == blocks, f"{page.name}: a figures marker that opens no block the check reads"
+
+
 def test_the_check_finds_a_changed_figure_and_a_missing_results_file():
     text, match, number = next((text, match, number) for page in publish.PAGES
                                for text in [page.read_text(encoding="utf-8")]
