@@ -29,6 +29,7 @@ from transformers import BertConfig, BertTokenizer, TrainingArguments
 from hf_ext.models.mtdnn import MTDNNConfig, MTDNNModel
 from hf_ext.models.mtdnn.data import load_glue_tsv
 from hf_ext.models.mtdnn.distillation import add_soft_labels, teacher_soft_labels
+from hf_ext.models.mtdnn.smart import SmartSettings
 from hf_ext.models.mtdnn.training import MTDNNTrainer, evaluate_task
 from hf_ext.sample_text import train_bert_vocab
 from hf_ext.trainer import send_logs_to_stderr
@@ -171,25 +172,52 @@ TASK_DEFS = {
               "metric_meta": ["ACC"], "dropout_p": 0.1},
 }
 CLASSIFICATION = ("rte", "sst", "mnli")
+# rows (train, dev) of each task: a full run's, and --quick's
+SIZES = {"rte": (300, 1000), "sst": (4000, 1000), "mnli": (4000, 1000), "stsb": (2000, 500), "qnnli": (2000, 500)}
+QUICK_SIZES = {"rte": (40, 40), "sst": (60, 30), "mnli": (60, 30), "stsb": (40, 20), "qnnli": (30, 15)}
+MAX_LENGTH = 64  # tokens of a row; the sentences are 5 to 15 tokens long
+ENCODER_SIZES = {"num_hidden_layers": 2, "num_attention_heads": 4}  # intermediate size: twice the width
+SAN = {"num_turns": 3}  # MNLI's head
 
 
-def build_model(tokenizer, hidden: int, seed: int) -> MTDNNModel:
-    encoder = BertConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=2 * hidden, max_position_embeddings=64)
-    config = MTDNNConfig.from_task_defs(TASK_DEFS, encoder, san={"num_turns": 3})
+def prepare_tasks(folder: Path, sizes: dict, seed: int) -> tuple[BertTokenizer, dict]:
+    """Write the tasks under `folder`, train a WordPiece vocabulary on their training rows and tokenize them:
+    returns the tokenizer and `{"train"|"dev": {task: dataset}}`."""
+    files = write_tasks(folder / "data", sizes, seed)
+    texts = [line for paths in files.values() for line in paths["train"].read_text().splitlines()]
+    tokenizer = BertTokenizer(vocab=str(train_bert_vocab(texts, folder / "vocab", vocab_size=200)))
+    config = MTDNNConfig.from_task_defs(TASK_DEFS, bert_config(tokenizer, 64), san=SAN)  # the tasks' specs
+    data = {split: {task: load_glue_tsv(paths[split], config, task, tokenizer, max_length=MAX_LENGTH)
+                    for task, paths in files.items()} for split in ("train", "dev")}
+    print(f"seed {seed}: tasks: " + ", ".join(
+        f"{task} {len(data['train'][task])} train / {len(data['dev'][task])} dev" for task in files), flush=True)
+    return tokenizer, data
+
+
+def bert_config(tokenizer, hidden: int) -> BertConfig:
+    """The encoder: a small BERT of width `hidden` over the tokenizer's vocabulary."""
+    return BertConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                      max_position_embeddings=MAX_LENGTH, **ENCODER_SIZES)
+
+
+def build_model(tokenizer, hidden: int, seed: int, encoder=None) -> MTDNNModel:
+    """The five tasks' MT-DNN on `encoder` (a config over the tokenizer's vocabulary; by default `bert_config`),
+    freshly initialised with `seed`."""
+    config = MTDNNConfig.from_task_defs(TASK_DEFS, encoder or bert_config(tokenizer, hidden), san=SAN)
     torch.manual_seed(seed)
     return MTDNNModel(config)
 
 
 def train(model, train_sets: dict, dev_sets: dict, steps: int, seed: int, scratch: Path, learning_rate: float,
-          batch_size: int, kd_weight: float = 0.0) -> dict:
-    """Multi-task training with the paper's recipe; returns the dev metrics of every task in `dev_sets`."""
+          batch_size: int, kd_weight: float = 0.0, smart: SmartSettings | None = None) -> dict:
+    """Multi-task training with the paper's recipe (and SMART with `smart`); returns the dev metrics of every task in
+    `dev_sets`."""
     args = TrainingArguments(output_dir=str(scratch), max_steps=steps, per_device_train_batch_size=batch_size,
                              per_device_eval_batch_size=128, learning_rate=learning_rate, warmup_steps=0.1,
                              max_grad_norm=1.0, lr_scheduler_type="linear", logging_steps=max(1, steps // 5),
                              save_strategy="no", report_to=[], disable_tqdm=True, seed=seed, use_cpu=True)
     trainer = MTDNNTrainer(model=model, args=args, train_dataset=train_sets, eval_dataset=dev_sets or None,
-                           optimizer_name="adamax", kd_loss="soft_ce", kd_weight=kd_weight)
+                           optimizer_name="adamax", kd_loss="soft_ce", kd_weight=kd_weight, smart=smart)
     send_logs_to_stderr(trainer)
     trainer.train()
     if not dev_sets:
@@ -209,24 +237,17 @@ def parser():
 def run(args) -> dict:
     """One seed: RTE alone, all five tasks, then fine-tuned on RTE; teachers and a distilled student."""
     if args.quick:
-        sizes = {"rte": (40, 40), "sst": (60, 30), "mnli": (60, 30), "stsb": (40, 20), "qnnli": (30, 15)}
+        sizes = QUICK_SIZES
         steps, fine_tune_steps, hidden, batch_size, teachers = 8, 4, 32, 8, 2
     else:
-        sizes = {"rte": (300, 1000), "sst": (4000, 1000), "mnli": (4000, 1000), "stsb": (2000, 500),
-                 "qnnli": (2000, 500)}
+        sizes = SIZES
         steps, fine_tune_steps, hidden, batch_size, teachers = args.steps, args.steps // 5, 64, 32, args.teachers
     learning_rate = 1e-3
 
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        files = write_tasks(scratch / "data", sizes, args.seed)
-        texts = [line for paths in files.values() for line in paths["train"].read_text().splitlines()]
-        tokenizer = BertTokenizer(vocab=str(train_bert_vocab(texts, scratch / "vocab", vocab_size=200)))
+        tokenizer, data = prepare_tasks(scratch, sizes, args.seed)
         config = build_model(tokenizer, hidden, args.seed).config
-        data = {split: {task: load_glue_tsv(paths[split], config, task, tokenizer, max_length=64)
-                        for task, paths in files.items()} for split in ("train", "dev")}
-        print(f"seed {args.seed}: tasks: " + ", ".join(
-            f"{task} {len(data['train'][task])} train / {len(data['dev'][task])} dev" for task in files), flush=True)
 
         print(f"seed {args.seed}: 1. single task: RTE alone", flush=True)
         single = train(build_model(tokenizer, hidden, args.seed), {"rte": data["train"]["rte"]},
@@ -257,7 +278,7 @@ def run(args) -> dict:
         "data": {"source": "generated GLUE-shaped tasks (this script)", "sizes": sizes, "label_noise": LABEL_NOISE},
         "recipe": {"optimizer": "adamax", "learning_rate": learning_rate, "warmup": 0.1, "max_grad_norm": 1.0,
                    "steps": steps, "fine_tune_steps": fine_tune_steps, "batch_size": batch_size, "hidden": hidden},
-        "tasks": list(files),
+        "tasks": list(sizes),
         "single_task": single, "multi_task": multi, "multi_task_fine_tuned": tuned,
         "distillation": {"teachers": teachers, "ensemble": ensemble_metrics, "student": student},
         "paper": PAPER,
