@@ -57,7 +57,9 @@ FIXTURE_CONVERSIONS: dict[str, list[tuple[str, ...]]] = {
               ("tests/fixtures/mtdnn/roberta/model_0.pt", "tests/fixtures/mtdnn/roberta/reference.safetensors",
                "--group-size", "qnnli=3"),
               ("tests/fixtures/mtdnn/deberta/model_0.pt", "tests/fixtures/mtdnn/deberta/reference.safetensors"),
-              ("tests/fixtures/mtdnn/electra/model_0.pt", "tests/fixtures/mtdnn/electra/reference.safetensors")],
+              ("tests/fixtures/mtdnn/electra/model_0.pt", "tests/fixtures/mtdnn/electra/reference.safetensors"),
+              ("tests/fixtures/mtdnn/token_tasks/model_0.pt",
+               "tests/fixtures/mtdnn/token_tasks/reference.safetensors")],
     "ernie2": [("tests/fixtures/ernie2/tiny/paddle_static", "tests/fixtures/ernie2/tiny/reference.safetensors"),
                ("tests/fixtures/ernie2/tiny/paddlenlp", "tests/fixtures/ernie2/tiny/reference.safetensors")],
 }

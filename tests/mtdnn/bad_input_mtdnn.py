@@ -82,6 +82,19 @@ def mtdnn(tmp, *extra):
     return ["convert", "mtdnn", MTDNN / "model_0.pt", tmp / "out", *extra]
 
 
+TOKEN_TASKS = MTDNN.parent / "token_tasks"  # a BERT encoder with token-level heads (tests/fixtures/README.md)
+
+
+def token_task_def(tmp, *changes):
+    """The token-task fixture converted with its task_def.yml changed (each `(old, new)`, first occurrence)."""
+    text = (TOKEN_TASKS / "task_def.yml").read_text()
+    for old, new in changes:
+        assert old in text
+        text = text.replace(old, new, 1)
+    return ["convert", "mtdnn", TOKEN_TASKS / "model_0.pt", tmp / "out", "--task-def",
+            written(tmp / "t.yml", text)]
+
+
 def mtdnn_file(make):
     def build(tmp):
         make(tmp / "model.pt")
@@ -135,6 +148,10 @@ CONVERSION_CASES = {
     "reference beyond tolerance": (lambda tmp: mtdnn(
         tmp, "--reference", shifted(MTDNN / "reference.safetensors", tmp / "r.safetensors", "cola.logits")), 1,
         "cola logits: max abs error 5 exceeds its tolerance (atol 5e-05, rtol 0.0001)"),
+    "token head of another size than its task definition": (lambda tmp: token_task_def(
+        tmp, ("n_class: 6", "n_class: 7"), ("  - DT\n", "  - DT\n  - JJ\n")), 1,
+        "task pos (scoring_list.1, sequence_labeling): the task definition says 7 output(s) (n_class), the weights "
+        "scoring_list.1.weight have 6"),
     "bad group size": (lambda tmp: mtdnn(tmp, "--group-size", "qnnli=x"), 2, "expected TASK=K"),
 }
 

@@ -252,3 +252,21 @@ def test_folders_of_every_encoder_load_as_remote_code_without_hf_ext(tmp_path):
     logits = torch.load(tmp_path / "logits.pt")
     for model_type, values in expected.items():
         torch.testing.assert_close(logits[model_type], values, msg=model_type)
+
+
+@pytest.mark.parametrize("model_type", [model_type if model_type in FAST_ENCODERS else
+                                        pytest.param(model_type, marks=pytest.mark.slow) for model_type in ENCODERS])
+def test_a_row_as_long_as_the_positions_hold_runs(model_type):
+    """`max_input_length` (the cap of `hf-ext mtdnn train --max-length` and the app's truncation) is every
+    encoder's longest row: RoBERTa's family loses its position offset (padding id + 1), the others none."""
+    from hf_ext.models.mtdnn.configuration_mtdnn import max_input_length
+
+    model = mtdnn_model(model_type)
+    longest = max_input_length(model.config.encoder)
+    offset = 0 if model_type not in ("roberta", "xlm-roberta") else model.config.encoder.pad_token_id + 1
+    assert longest == SIZES["max_position_embeddings"] - offset
+    embeddings = getattr(model.bert.embeddings, "position_embeddings", None)
+    assert getattr(embeddings, "padding_idx", None) == (model.config.encoder.pad_token_id if offset else None)
+    input_ids = torch.randint(5, 50, (1, longest))
+    with torch.no_grad():
+        assert model(input_ids=input_ids, task="sst").logits.shape == (1, 2)

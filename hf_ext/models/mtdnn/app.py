@@ -14,7 +14,7 @@ from ...hub import model_name
 from ...loading import load_config, load_tokenizer, loading
 from ...serve import MAX_TEXT_CHARS, checked_text, user_errors
 from . import MTDNNConfig
-from .configuration_mtdnn import PAIR_FORMATS, SPAN_TASK_TYPES
+from .configuration_mtdnn import PAIR_FORMATS, SPAN_TASK_TYPES, max_input_length
 from .token_tasks import encode_squad_examples, span_answers
 
 if TYPE_CHECKING:  # gradio is optional
@@ -40,7 +40,7 @@ class MTDNNApp:
         tasks read `sentence` alone."""
         sentence = checked_text(sentence, "the sentence")
         second = checked_text(second_sentence, "the second sentence", required=False)
-        limit = self.model.config.encoder.max_position_embeddings
+        limit = max_input_length(self.model.config.encoder)
         predictions, encoded = {}, {}
         for task in self.model.config.tasks:
             if task["type"] in SPAN_TASK_TYPES:
@@ -80,7 +80,7 @@ class MTDNNApp:
 
         words = sentence.split()
         batch = self.tokenizer(words, is_split_into_words=True, truncation=True,
-                               max_length=self.model.config.encoder.max_position_embeddings, return_tensors="pt")
+                               max_length=max_input_length(self.model.config.encoder), return_tensors="pt")
         word_ids = batch.word_ids(0)
         logits = self.model(**batch.to(self.model.device), task=task["name"]).logits[0]
         predicted = logits.argmax(-1).tolist()
@@ -96,7 +96,7 @@ class MTDNNApp:
         reads them); "" where a `span_classification_yn` task finds no answer."""
         windows = encode_squad_examples(
             [{"id": "0", "question": question, "context": context, "answers": {"text": [], "answer_start": []}}],
-            self.tokenizer, self.model.config.encoder.max_position_embeddings)
+            self.tokenizer, max_input_length(self.model.config.encoder) or 512)
         logits = []
         for row in range(len(windows["input_ids"])):
             inputs = {key: torch.tensor([windows[key][row]], device=self.model.device)

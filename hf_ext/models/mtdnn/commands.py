@@ -1,4 +1,4 @@
-"""`hf-ext mtdnn ...`: multi-task fine-tuning of MT-DNN models with the original's task mixing, per-task GLUE
+"""`hf-ext mtdnn ...`: multi-task fine-tuning of MT-DNN models with the original's task mixing, per-task
 evaluation and best-checkpoint selection, LoRA, SMART adversarial training, and distillation from teacher ensembles
 (MT-DNN-KD)."""
 
@@ -9,7 +9,7 @@ from ...arguments import fraction, nonnegative_float, number_in, positive_float,
 from ...cli_utils import add_model_argument, add_run_reporting_arguments, model_commands, run_reporting_settings
 from ...errors import require
 from . import conversion
-from .configuration_mtdnn import SPAN_TASK_TYPES
+from .configuration_mtdnn import SPAN_TASK_TYPES, max_input_length
 from .smart import SMART_TASK_TYPES, SmartSettings
 
 # the original train.py's defaults (--epochs, --batch_size, --learning_rate, --warmup, --global_grad_clipping, --seed,
@@ -30,8 +30,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                            "repo id), or distil teacher models into it.")
     parser = tools.add_parser("train", help="multi-task fine-tuning with the original's task mixing",
                               description="Multi-task fine-tuning: every step trains one task's batch, tasks mixed as "
-                              "the original's sampler does; per-task GLUE metrics on the --eval data; saves the model "
-                              "(or the LoRA adapter with the heads) and the tokenizer.")
+                              "the original's sampler does; per-task metrics (GLUE's, entity F1, SQuAD's) on the "
+                              "--eval data; saves the model (or the LoRA adapter with the heads) and the tokenizer.")
     _add_training_arguments(parser)
     parser.set_defaults(handler=_train)
     parser = tools.add_parser("distill", help="train a student on hard labels plus the teachers' soft targets",
@@ -68,8 +68,8 @@ def _add_training_arguments(parser):
                         help="GLUE TSV layout of a task not named after a GLUE task (e.g. snli=mnli)")
     parser.add_argument("--tokenizer", help="tokenizer folder or Hub repo id for text data (default: MODEL's)")
     parser.add_argument("--max-length", type=number_in(int, 2), default=DEFAULT_MAX_LENGTH,
-                        help=f"truncate tokenized .tsv rows to this many tokens (default {DEFAULT_MAX_LENGTH}, "
-                        "capped at the model's positions)")
+                        help=f"truncate tokenized text rows (span tasks: windows) to this many tokens (default "
+                        f"{DEFAULT_MAX_LENGTH}, capped at what the model's positions hold)")
     parser.add_argument("--doc-stride", type=number_in(int, 0),
                         help="span tasks: tokens shared by two windows of a long context (default 128, or half "
                         "--max-length where that is less)")
@@ -269,7 +269,8 @@ def _run(args, distill=False):
            for task, path in files):  # text to tokenize
         tokenizer = _load_tokenizer(args)
     train, evaluation = load_task_files(config, train_files, eval_files, tokenizer,
-                                        min(args.max_length, config.encoder.max_position_embeddings), layouts,
+                                        min(args.max_length, max_input_length(config.encoder) or args.max_length),
+                                        layouts,
                                         args.doc_stride)
     try:
         known = [f"{name}_{metric}" for task, name, _ in eval_files

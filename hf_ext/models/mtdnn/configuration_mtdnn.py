@@ -59,6 +59,10 @@ TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 ENCODER_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                  "max_position_embeddings")
 ENCODER_EPSILONS = ("layer_norm_eps", "norm_eps")  # BERT's family and ModernBERT's names of the LayerNorm epsilon
+# encoders whose position ids start after the padding id (RoBERTa's family: padding_idx + 1), so a row holds
+# max_position_embeddings - pad_token_id - 1 tokens
+OFFSET_POSITION_TYPES = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm",
+                         "data2vec-text", "xmod")
 
 # the constants of `quoted`, copied from hf_ext.errors (remote code imports only torch, transformers and its own
 # folder; tests/test_security.py keeps them equal)
@@ -196,6 +200,17 @@ def encoder_config_from_dict(values: dict[str, Any]) -> PretrainedConfig:
     if model_type not in CONFIG_MAPPING:
         raise ValueError(f"encoder model_type {quoted(model_type)} is not a model type transformers knows")
     return CONFIG_MAPPING[model_type](**values)
+
+
+def max_input_length(encoder: PretrainedConfig) -> int | None:
+    """The most tokens a row may hold for the encoder: its positions, less RoBERTa's family's offset; None for
+    encoders without a position limit in their config."""
+    positions = getattr(encoder, "max_position_embeddings", None)
+    if positions is None:
+        return None
+    if encoder.model_type in OFFSET_POSITION_TYPES:
+        return positions - (encoder.pad_token_id or 0) - 1
+    return positions
 
 
 def check_encoder(config: PretrainedConfig) -> None:

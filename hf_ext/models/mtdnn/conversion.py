@@ -47,6 +47,7 @@ from ...conversion import (
 from ...errors import HfExtError, one_line
 from ...export import file_record, write_model_folder
 from . import ENTRY, MTDNNConfig, MTDNNModel
+from .configuration_mtdnn import SPAN_TASK_TYPES, TOKEN_TASK_TYPES
 from .task_defs import config_from_task_def_yaml
 
 logger = logging.get_logger(__name__)
@@ -68,6 +69,10 @@ HEAD_KEY = re.compile(r"^scoring_list\.(\d+)\.(.+)$")
 SAN_KEYS = {"1.query_wsum.att.linear.": "hypothesis_attn.", "1.attn.score_func.linear.": "premise_attn.",
             "1.rnn.": "rnn.", "1.classifier.proj.": "classifier."}
 LINEAR_KEYS = {"0.dense.": "dense.", "1.": "out_proj."}
+# the original's token heads (SeqenceLabeling, SpanClassification[YN]): nn.Sequential(Dropout, Linear) when the
+# task's dropout_p > 0, a bare nn.Linear when it is 0
+TOKEN_HEAD_LAYOUTS = {"1.": "nn.Sequential(nn.Dropout(dropout_p), nn.Linear), dropout_p > 0",
+                      "": "nn.Linear, dropout_p = 0"}
 UNUSED_SAN_KEYS = re.compile(r"^(0\.dense\.(weight|bias)|1\.alpha)$")  # the SAN task's unread Pooler, a constant
 
 
@@ -227,9 +232,6 @@ def head_indices(state: dict[str, torch.Tensor], path: str | Path) -> list[int]:
         raise HfExtError(f"checkpoint {path} holds no task heads (scoring_list.*): an encoder-only checkpoint?")
     if indices != list(range(len(indices))):
         raise HfExtError(f"checkpoint {path}: task heads {indices} are not numbered 0..{len(indices) - 1}")
-    if any(f"scoring_list.{i}.weight" in state for i in indices):
-        raise HfExtError(f"checkpoint {path} has the pre-2021 head layout (shared tanh BERT pooler, "
-                         "scoring_list.<i>.weight), which is not supported")
     return indices
 
 
@@ -408,10 +410,18 @@ def convert_state_dict(state: dict[str, torch.Tensor], config: MTDNNConfig,
             dropped.append(key)
         else:
             converted[key] = tensor
+    problems = []
+    hidden_size = config.encoder.hidden_size
     for index, task in enumerate(config.tasks):
         weights = heads[index]
-        is_san = any(key.startswith("1.query_wsum.") for key in weights)
         where = f"task {task['name']} (scoring_list.{index})"
+        if task["type"] in TOKEN_TASK_TYPES:
+            problems += convert_token_head(weights, task, index, hidden_size, converted)
+            continue
+        if "weight" in weights:
+            raise HfExtError(f"{where}: the checkpoint has the pre-2021 head layout for a {task['type']} task "
+                             "(shared tanh BERT pooler, scoring_list.<i>.weight), which is not supported")
+        is_san = any(key.startswith("1.query_wsum.") for key in weights)
         if is_san != (task["head"] == "san"):
             raise HfExtError(f"{where}: the task definition says a {task['head']} head, the checkpoint holds a "
                              f"{'SAN' if is_san else 'linear'} head")
@@ -429,7 +439,39 @@ def convert_state_dict(state: dict[str, torch.Tensor], config: MTDNNConfig,
             new_key = f"heads.{task['name']}.{renames[prefix]}{key[len(prefix):]}" if prefix else \
                 f"scoring_list.{index}.{key}"
             converted[new_key] = tensor
+    if problems:
+        raise HfExtError("; ".join(problems))
     return converted, dropped
+
+
+def convert_token_head(weights: dict[str, torch.Tensor], task: dict[str, Any], index: int, hidden_size: int,
+                       converted: dict[str, torch.Tensor]) -> list[str]:
+    """Put a token head's weights (either layout of TOKEN_HEAD_LAYOUTS) into `converted` as `heads.<task>.out_proj`;
+    returns its problems, one clause each (nothing is converted then; the caller joins them into one error line)."""
+    where = f"task {task['name']} (scoring_list.{index}, {task['type']})"
+    prefix = next((p for p in TOKEN_HEAD_LAYOUTS if {f"{p}weight", f"{p}bias"} <= set(weights)), None)
+    if prefix is None or set(weights) != {f"{prefix}weight", f"{prefix}bias"}:
+        found = ", ".join(f"scoring_list.{index}.{key}" for key in sorted(weights)) or "no weights"
+        what = "a sentence-level head" if any(key.startswith("0.dense.") or key.startswith("1.query_wsum.")
+                                              for key in weights) else "other weights"
+        return [f"{where}: the task definition says a token head (a linear layer on every token, "
+                f"scoring_list.{index}.[1.]weight and .bias), the checkpoint holds {what} ({found})"]
+    weight, bias = weights[f"{prefix}weight"], weights[f"{prefix}bias"]
+    name = f"scoring_list.{index}.{prefix}weight"
+    problems = []
+    if weight.dim() != 2 or bias.dim() != 1 or weight.shape[0] != bias.shape[0]:
+        return [f"{where}: {name} {tuple(weight.shape)} and its bias {tuple(bias.shape)} are not a linear layer"]
+    if weight.shape[0] != task["num_labels"]:
+        wanted = "2 (start, end)" if task["type"] in SPAN_TASK_TYPES else str(task["num_labels"])
+        problems.append(f"{where}: the task definition says {wanted} output(s) (n_class), the weights {name} have "
+                        f"{weight.shape[0]}")
+    if weight.shape[1] != hidden_size:
+        problems.append(f"{where}: {name} reads {weight.shape[1]} features, the encoder's hidden size is "
+                        f"{hidden_size}")
+    if not problems:
+        converted[f"heads.{task['name']}.out_proj.weight"] = weight
+        converted[f"heads.{task['name']}.out_proj.bias"] = bias
+    return problems
 
 
 def tokenizer_note(encoder: EncoderFormat, opt: dict[str, Any]) -> str:
@@ -458,8 +500,9 @@ def load_tokenizer(name_or_path: str | Path, vocab_size: int) -> PreTrainedToken
 # rtol 1e-4); masked attention scores are -inf and must be -inf at the same places
 REFERENCE_TOLERANCE = Tolerance(atol=5e-5, rtol=1e-4)
 REFERENCE_TOLERANCES = {
-    **{name: REFERENCE_TOLERANCE for name in ("logits", "all_hidden_states", "group_scores", "san_h0", "san_x_sum",
-                                              "san_h_state", "san_gru_out", "san_turn_scores")},
+    **{name: REFERENCE_TOLERANCE for name in ("logits", "start_logits", "end_logits", "all_hidden_states",
+                                              "group_scores", "san_h0", "san_x_sum", "san_h_state", "san_gru_out",
+                                              "san_turn_scores")},
     "san_att_scores": Tolerance(atol=5e-5, rtol=1e-4, infinities=True),
 }
 
@@ -472,7 +515,8 @@ PADDED_POSITIONS_DIFFER = frozenset({"deberta"})
 def reference_outputs(model: MTDNNModel, reference: dict[str, torch.Tensor]) -> dict[str, Compared]:
     """The converted model's outputs beside the original's, per task found in `reference` (tensors named
     `<task>.input_ids`, `.token_type_ids`, `.attention_mask`, optionally `.premise_mask` and `.hypothesis_mask`, and
-    outputs `.logits`, `.all_hidden_states`, `.group_scores`, `.san_*`)."""
+    outputs `.logits` (sequence labeling: `(B, L, C)`), `.start_logits` and `.end_logits` (span tasks, `(B, L)`),
+    `.all_hidden_states`, `.group_scores`, `.san_*`)."""
     model.eval()
     compared = {}
     for task in model.config.task_names:
@@ -483,7 +527,11 @@ def reference_outputs(model: MTDNNModel, reference: dict[str, torch.Tensor]) -> 
                   if f"{task}.{name}" in reference}
         with torch.no_grad():
             out = model(**inputs, task=task, output_hidden_states=True, output_san_states=True)
-        ours = {"logits": out.logits, "all_hidden_states": torch.stack(out.hidden_states),
+        # token tasks: logits (B, L, C) of sequence labeling; spans' start and end logits (B, L) each (their
+        # logits are the two stacked, which the original's span output is not)
+        span = model.config.task(task)["type"] in SPAN_TASK_TYPES
+        ours = {"logits": None if span else out.logits, "start_logits": out.start_logits,
+                "end_logits": out.end_logits, "all_hidden_states": torch.stack(out.hidden_states),
                 "group_scores": out.group_logits}
         if out.san_states is not None:
             states = out.san_states

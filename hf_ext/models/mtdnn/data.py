@@ -21,7 +21,7 @@ from transformers.utils import logging
 from ...errors import HfExtError
 from ...glue import read_glue_tsv
 from ...text_files import json_lines
-from .configuration_mtdnn import PAIR_FORMATS, SPAN_TASK_TYPES, MTDNNConfig
+from .configuration_mtdnn import PAIR_FORMATS, SPAN_TASK_TYPES, MTDNNConfig, max_input_length
 from .modeling_mtdnn import IGNORE_INDEX
 from .token_tasks import (
     encode_squad_examples,
@@ -71,7 +71,7 @@ def load_mtdnn_json(path: str | Path, config: MTDNNConfig, task: str | int, max_
         raise HfExtError(f"{path}: span task {spec['name']} reads SQuAD data (a SQuAD .json file or .jsonl rows "
                          "with question, context and answers), not preprocessed token ids")
     vocab_size = config.encoder.vocab_size
-    positions = config.encoder.max_position_embeddings
+    positions = max_input_length(config.encoder)
     ranking = spec["type"] == "ranking"
     pairs = spec["data_format"] in PAIR_FORMATS  # segment 1 holds the hypothesis
     columns: dict[str, list[Any]] = {"input_ids": [], "token_type_ids": [], "attention_mask": [], "labels": [],
@@ -110,8 +110,8 @@ def load_mtdnn_json(path: str | Path, config: MTDNNConfig, task: str | int, max_
         if max_length is not None and longest > max_length:
             dropped += 1
             continue
-        if longest > positions:
-            raise HfExtError(f"{where}: {longest} tokens, more than the model's {positions} positions")
+        if positions is not None and longest > positions:
+            raise HfExtError(f"{where}: {longest} tokens, more than the {positions} the model's positions hold")
         if "label" in sample:
             columns["labels"].append(_json_label(sample["label"], spec, where, len(ids)))
         if "softlabel" in sample:
