@@ -304,8 +304,13 @@ def test_bad_token_data_is_one_line(tmp_path, content, task, message):
 
 # ----- evaluation -----------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_entity_scores_match_the_seqeval_package():
-    seqeval = pytest.importorskip("seqeval.metrics")
+    from conftest import require_extra
+
+    require_extra("test-slow", "seqeval")
+    import seqeval.metrics as seqeval
+
     gold = [["B-PER", "I-PER", "O", "B-LOC"], ["O", "B-LOC", "I-LOC", "I-LOC", "O", "B-PER"], ["I-PER", "O", "B-LOC"]]
     predicted = [["B-PER", "I-PER", "O", "B-PER"], ["O", "B-LOC", "I-LOC", "O", "O", "I-PER"], ["B-PER", "O", "B-LOC"]]
     scores = load_metric("seqeval").compute(predictions=predicted, references=gold)
