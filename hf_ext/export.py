@@ -71,7 +71,11 @@ def write_model_folder(folder: str | Path, model_class: type[PreTrainedModel], c
                        source: str = "checkpoint") -> PreTrainedModel:
     """Write config.json (with `auto_map`), the model code, generation_config.json, model.safetensors and the
     processor into `folder`. `state_dict` is checked against the model built from `config` first. With
-    `auto_map=None` (a class transformers itself provides) no code is copied and no auto_map written."""
+    `auto_map=None` (a class transformers itself provides) no code is copied and no auto_map written; otherwise the
+    custom pipelines hf-ext declares for the model type are written too (`custom_pipelines`, with their code)."""
+    from .models import model_entry
+    from .registration import add_custom_pipelines
+
     folder = Path(folder)
     model = empty_model(model_class, config)
     if config.tie_word_embeddings:  # tied copies are re-tied on load, not stored
@@ -82,6 +86,8 @@ def write_model_folder(folder: str | Path, model_class: type[PreTrainedModel], c
         # transformers annotates `config` as a dict, but takes a configuration object too (its docstring's first type)
         custom_object_save(model, folder, config=config)  # type: ignore[arg-type]
         config.auto_map = dict(auto_map)
+        entry = model_entry(config.model_type)
+        add_custom_pipelines(folder, config, entry.pipelines if entry is not None else {})
     config.architectures = [model_class.__name__]
     config.save_pretrained(folder)
     if model.can_generate():

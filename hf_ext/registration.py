@@ -5,7 +5,9 @@ classes."""
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import transformers
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel, ProcessorMixin
@@ -59,6 +61,47 @@ ENCODER_ATTENTION = BERT_ATTENTION + ("query_proj", "key_proj", "value_proj", "i
 
 
 @dataclass(frozen=True)
+class CustomPipeline:
+    """A custom pipeline a model declares (`ModelEntry.pipelines`, by task name): `pipeline_class` (a
+    `transformers.Pipeline` subclass in a remote-code file of the model's folder, `pipeline_<name>.py`, so that
+    folders carry it), `auto_classes` (the names of the transformers Auto classes the pipeline loads the model with)
+    and `type` (the pipeline's input type, as `PIPELINE_REGISTRY` takes it: "text" loads the folder's tokenizer)."""
+
+    pipeline_class: type
+    auto_classes: tuple[str, ...] = ("AutoModel",)
+    type: str = "text"
+
+    def register(self, task: str) -> None:
+        """Register the pipeline as `task` with transformers' `PIPELINE_REGISTRY` (`pipeline(task, model=...)`)."""
+        from transformers.pipelines import PIPELINE_REGISTRY
+
+        PIPELINE_REGISTRY.register_pipeline(task, pipeline_class=self.pipeline_class, type=self.type,
+                                            pt_model=tuple(getattr(transformers, name) for name in self.auto_classes))
+
+    def config_entry(self) -> dict[str, Any]:
+        """The pipeline's entry in a saved configuration's `custom_pipelines` (as `Pipeline.save_pretrained` writes
+        it): the class as `module.Class` of the folder's files, the Auto classes by name."""
+        cls = self.pipeline_class
+        return {"impl": f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}", "pt": list(self.auto_classes),
+                "type": self.type}
+
+
+def add_custom_pipelines(folder: str | Path, config: PretrainedConfig,
+                         pipelines: Mapping[str, CustomPipeline]) -> None:
+    """Copy each pipeline's code (its file and the folder files it imports) into `folder` and record the pipelines
+    in `config.custom_pipelines`, before the configuration is saved there: `pipeline(model=folder,
+    trust_remote_code=True)` then runs them where hf-ext is not installed."""
+    from transformers.dynamic_module_utils import custom_object_save
+
+    if not pipelines:
+        return
+    for declared in pipelines.values():
+        custom_object_save(declared.pipeline_class, str(folder))  # a class has the __module__ it reads
+    config.custom_pipelines = {**(getattr(config, "custom_pipelines", None) or {}),
+                               **{task: declared.config_entry() for task, declared in pipelines.items()}}
+
+
+@dataclass(frozen=True)
 class ModelEntry:
     """One model of hf-ext as its package declares it (`ENTRY = ModelEntry(package=__name__, ...)` in its
     `__init__.py`). The shared layer knows a model only through its entry; docs/adding_a_model.md walks through
@@ -78,6 +121,9 @@ class ModelEntry:
       serve` app, built on the `app` extra; `app_summary` says what the app shows in `hf-ext serve --help`) and
       `export_onnx` (`MODEL_TYPES`, `tasks(config)`, `plan(...)`: what `hf-ext export onnx` writes, built on the
       `onnx` extra); None where the model has none.
+    - `pipelines` (`{task: CustomPipeline}`): its custom pipelines, registered with transformers'
+      `PIPELINE_REGISTRY` by `register()` and written, with their code, into the folders hf-ext writes
+      (`custom_pipelines` of config.json, see `add_custom_pipelines`).
     """
 
     package: str
@@ -93,6 +139,7 @@ class ModelEntry:
     app: str | None = None
     app_summary: str | None = None
     export_onnx: str | None = None
+    pipelines: Mapping[str, CustomPipeline] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -110,12 +157,16 @@ class ModelEntry:
         return auto_map(self.config_class, self.auto_classes)
 
     def register(self) -> None:
-        """Register the model with transformers' Auto classes (`register_auto_classes`)."""
+        """Register the model with transformers' Auto classes (`register_auto_classes`) and its pipelines with
+        `PIPELINE_REGISTRY`."""
         register_auto_classes(self.config_class, self.auto_classes)
+        for task, declared in self.pipelines.items():
+            declared.register(task)
 
     def module(self, name: str) -> ModuleType:
         """The package's module `name` (one of the module fields: `self.module(self.conversion)`), imported now."""
         return importlib.import_module(f"{self.package}.{name}")
 
 
-__all__ = ["BERT_ATTENTION", "ENCODER_ATTENTION", "LoraPlan", "ModelEntry", "auto_map", "register_auto_classes"]
+__all__ = ["BERT_ATTENTION", "ENCODER_ATTENTION", "CustomPipeline", "LoraPlan", "ModelEntry", "add_custom_pipelines",
+           "auto_map", "register_auto_classes"]

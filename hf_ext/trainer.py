@@ -239,13 +239,21 @@ def save_training_run(folder: str | Path, trainer: Trainer,
                       model: "PreTrainedModel | PeftModel | None" = None) -> None:
     """What a training command leaves in its output folder: the trained model (`trainer.model`, or `model`; a PEFT
     model saves its adapter and the modules it trains in full), its processor or tokenizer, `log_history.json` and,
-    with `metrics`, `eval_results.json`."""
+    with `metrics`, `eval_results.json`. A model saved with its code (registered for remote code, as hf-ext's
+    models are) also carries the custom pipelines hf-ext declares for its model type (`custom_pipelines`)."""
     from peft import PeftModel
+
+    from .models import model_entry
+    from .registration import add_custom_pipelines
 
     folder = Path(folder)
     trained = model or trainer.model
     if not isinstance(trained, PreTrainedModel | PeftModel):
         raise TypeError(f"cannot save a {type(trained).__name__}: not a transformers or PEFT model")
+    entry = model_entry(trained.config.model_type) if isinstance(trained, PreTrainedModel) else None
+    if entry is not None and getattr(trained, "_auto_class", None) is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        add_custom_pipelines(folder, trained.config, entry.pipelines)
     trained.save_pretrained(str(folder))
     if processor is not None:
         processor.save_pretrained(folder)

@@ -12,7 +12,7 @@ from transformers.dynamic_module_utils import get_imports, get_relative_imports
 
 from hf_ext.registration import ModelEntry
 
-REMOTE_CODE_PREFIXES = ("configuration_", "modeling_", "processing_")
+REMOTE_CODE_PREFIXES = ("configuration_", "modeling_", "processing_", "pipeline_")
 # what a remote-code file may import where only transformers (with torch) is installed: transformers' own check
 # (`check_imports`) imports every top-level module that `get_imports` finds. Packages that transformers happens to
 # require (numpy, PyYAML, huggingface_hub, ...) are left out: the rule is torch, transformers, the standard library.
@@ -109,9 +109,9 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 # ----- one model package -------------------------------------------------------------------------------------------
 
 def remote_code_problems(folder: Path) -> list[str]:
-    """A model's remote-code files (`configuration_*`, `modeling_*`, `processing_*`) import, as transformers counts
-    imports (`get_imports`: every import line outside try/except, indented ones included), only torch,
-    transformers and the standard library, and by single-dot relative import (`from .x import y`, which
+    """A model's remote-code files (`configuration_*`, `modeling_*`, `processing_*`, `pipeline_*`) import, as
+    transformers counts imports (`get_imports`: every import line outside try/except, indented ones included),
+    only torch, transformers and the standard library, and by single-dot relative import (`from .x import y`, which
     `save_pretrained` follows to copy the file) only the folder's other remote-code files."""
     files = sorted(path for path in folder.glob("*.py") if path.name.startswith(REMOTE_CODE_PREFIXES))
     problems = [] if any(path.name.startswith("modeling_") for path in files) else [f"{folder} has no modeling_ file"]

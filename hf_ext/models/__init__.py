@@ -2,9 +2,9 @@
 entries they declare (`ENTRY`, a `hf_ext.registration.ModelEntry`), the one list through which the shared layer
 reaches them.
 
-In each package, `configuration_*`, `modeling_*` and `processing_*` import only torch, transformers and their own
-folder, since they are pushed to the Hub as remote code; the package's other modules (conversion, training, data,
-commands, samples) build on the shared layer in `hf_ext/`. No package imports another."""
+In each package, `configuration_*`, `modeling_*`, `processing_*` and `pipeline_*` import only torch, transformers
+and their own folder, since they are pushed to the Hub as remote code; the package's other modules (conversion,
+training, data, commands, samples) build on the shared layer in `hf_ext/`. No package imports another."""
 
 import importlib
 from types import ModuleType

@@ -470,7 +470,7 @@ def test_the_app_tags_words_and_answers_questions():
     assert predictions["tags"]["tags"] == [[word, names[tags[position]]] for word, position in
                                            zip(["johns", "went", "to", "new", "york"], [1, 3, 4, 5, 6], strict=True)]
     assert predictions["squad"] == {"type": "span_classification",
-                                    "needs": "a question and a context (the second sentence)"}
+                                    "needs": "a question and a context (the text pair)"}
     answered = app.predict("where did john go ?", "john went to paris .")
     assert answered["squad"]["answer"] in "john went to paris ."
     assert MTDNNApp.views({"t": {"entities": [{"type": "PER", "text": "john"}]}, "q": {"answer": ""}}, ["t", "q"]) \

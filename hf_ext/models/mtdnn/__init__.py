@@ -1,6 +1,6 @@
 """MT-DNN: one encoder (BERT or any other) with linear, SAN and token-level task heads (Liu et al., ACL 2019)."""
 
-from ...registration import ENCODER_ATTENTION, LoraPlan, ModelEntry
+from ...registration import ENCODER_ATTENTION, CustomPipeline, LoraPlan, ModelEntry
 from .configuration_mtdnn import MTDNNConfig
 from .modeling_mtdnn import (
     MTDNNForQuestionAnswering,
@@ -13,6 +13,7 @@ from .modeling_mtdnn import (
     premise_hypothesis_masks,
     task_loss,
 )
+from .pipeline_mtdnn import PIPELINE_TASK, MTDNNPipeline
 
 ENTRY = ModelEntry(
     package=__name__,
@@ -30,8 +31,9 @@ ENTRY = ModelEntry(
     app="app",
     app_summary="MT-DNN's predictions of every task head",
     export_onnx="export_onnx",
+    pipelines={PIPELINE_TASK: CustomPipeline(MTDNNPipeline, ("AutoModel",), "text")},
 )
 
 __all__ = ["ENTRY", "MTDNNConfig", "MTDNNForQuestionAnswering", "MTDNNForSequenceClassification",
            "MTDNNForTokenClassification", "MTDNNModel", "MTDNNOutput",
-           "MTDNNPreTrainedModel", "MTDNNSANStates", "premise_hypothesis_masks", "task_loss"]
+           "MTDNNPipeline", "MTDNNPreTrainedModel", "MTDNNSANStates", "premise_hypothesis_masks", "task_loss"]

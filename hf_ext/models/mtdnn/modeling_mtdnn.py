@@ -451,6 +451,14 @@ class MTDNNModel(MTDNNPreTrainedModel):
                            attentions=encoder_outputs.attentions, san_states=san_states)
 
 
+def pipeline_class() -> type:
+    """MT-DNN's pipeline (`pipeline_mtdnn.MTDNNPipeline`). Imported here, where it is used, so that `save_pretrained`
+    copies its file with the model's code: a folder whose config names it in `custom_pipelines` then holds it."""
+    from .pipeline_mtdnn import MTDNNPipeline
+
+    return MTDNNPipeline
+
+
 def single_task(config: MTDNNConfig, task_types: tuple[str, ...], what: str) -> str:
     """The task a single-task class exposes: `config.default_task`, which must be of one of `task_types`, or else the
     first task of those types; `ValueError` with one line where there is none."""

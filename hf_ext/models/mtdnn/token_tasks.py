@@ -28,15 +28,13 @@ from transformers import PreTrainedTokenizerBase
 from ...errors import HfExtError
 from ...text_files import json_lines, read_lines
 from .modeling_mtdnn import IGNORE_INDEX
+from .pipeline_mtdnn import DOC_STRIDE, NO_OFFSET, best_answer
 
 if TYPE_CHECKING:  # datasets is imported only when used
     from datasets import Dataset
 
 CONLL_SUFFIXES = (".conll", ".txt", ".bio", ".iob")
 SPECIAL_TAGS = ("X", "CLS", "SEP")  # the original's tags of continuation pieces and of the special tokens
-DOC_STRIDE = 128  # tokens shared by two windows of a long context (the original's squad_prepro.py)
-N_BEST = 20  # start and end candidates per window (postprocess_qa_predictions' n_best_size)
-NO_OFFSET = (-1, -1)  # offset of a token outside the context (the question, special tokens)
 
 TaggedSentence = tuple[list[str], list[str]]
 
@@ -256,34 +254,20 @@ def span_answers(spec: dict[str, Any], logits: np.ndarray, windows: "Dataset | d
     """Each example's predicted answer text (`{example_id: text}`, "" for no answer) and its gold answers, from the
     `(N, L, 2)` start and end scores of its windows (`windows` holds `encode_squad_examples`' columns, in the same
     order): the best span of at most the task's `max_answer_length` tokens inside the context over the example's
-    windows (start and end among each window's `N_BEST` best); a `span_classification_yn` task answers nothing where
+    windows (start and end among each window's `N_BEST` best: `pipeline_mtdnn.best_answer`, which the pipeline
+    shares); a `span_classification_yn` task answers nothing where
     the first token's start and end scores beat the best span's by more than its `null_score_diff_threshold` (the
     no-answer score of an example is its lowest over the windows)."""
     logits = np.asarray(logits)
-    best: dict[str, tuple[float, str]] = {}
-    null_scores: dict[str, float] = {}
+    windows_of: dict[str, list[tuple[list[float], list[float], Any]]] = defaultdict(list)
+    contexts: dict[str, str] = {}
     gold: dict[str, list[str]] = {}
     for row, (example_id, offsets, context, answers) in enumerate(zip(
             windows["example_id"], windows["offset_mapping"], windows["context"], windows["answers"], strict=True)):
         length = len(offsets)
-        starts, ends = logits[row, :length, 0], logits[row, :length, 1]
-        gold[example_id] = list(answers)
-        null_scores[example_id] = min(null_scores.get(example_id, np.inf), float(starts[0] + ends[0]))
-        in_context = [offset[0] >= 0 for offset in offsets]
-        for start in np.argsort(starts)[::-1][:N_BEST]:
-            for end in np.argsort(ends)[::-1][:N_BEST]:
-                if not (in_context[start] and in_context[end] and start <= end < start + spec["max_answer_length"]):
-                    continue
-                score = float(starts[start] + ends[end])
-                if example_id not in best or score > best[example_id][0]:
-                    best[example_id] = (score, context[offsets[start][0]:offsets[end][1]])
-    predictions = {}
-    for example_id in gold:
-        score, text = best.get(example_id, (-np.inf, ""))
-        if spec["type"] == "span_classification_yn" and \
-                null_scores[example_id] - score > spec["null_score_diff_threshold"]:
-            text = ""
-        predictions[example_id] = text
+        windows_of[example_id].append((logits[row, :length, 0].tolist(), logits[row, :length, 1].tolist(), offsets))
+        contexts[example_id], gold[example_id] = context, list(answers)
+    predictions = {example_id: best_answer(spec, windows_of[example_id], contexts[example_id]) for example_id in gold}
     return predictions, gold
 
 
