@@ -168,8 +168,8 @@ def test_the_pipeline_runs_where_hf_ext_is_not_installed(folder, tmp_path):
 
 
 def test_training_outputs_and_saved_models_carry_the_pipeline(folder, tmp_path):
-    """`save_training_run` writes `custom_pipelines` with the code; a plain `save_pretrained` copies the code (the
-    model's file imports it), and keeps the entry of a folder that had it."""
+    """`save_training_run` writes `custom_pipelines` with the code; `save_pretrained` of a model loaded from a folder
+    that had them keeps the entry and copies the code."""
     from types import SimpleNamespace
 
     from hf_ext.trainer import save_training_run

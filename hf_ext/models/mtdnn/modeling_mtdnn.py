@@ -305,6 +305,18 @@ class MTDNNModel(MTDNNPreTrainedModel):
     def get_input_embeddings(self) -> nn.Module:
         return self.bert.get_input_embeddings()
 
+    def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> None:
+        """`PreTrainedModel.save_pretrained`, and where the config names MT-DNN's pipeline in `custom_pipelines` (a
+        model loaded from a folder hf-ext wrote), the pipeline's code beside the model's, so that the new folder runs
+        it as remote code too."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if getattr(self.config, "custom_pipelines", None):
+            from transformers.dynamic_module_utils import custom_object_save
+
+            from .pipeline_mtdnn import MTDNNPipeline
+
+            custom_object_save(MTDNNPipeline, str(save_directory))
+
     def set_input_embeddings(self, value: nn.Module) -> None:
         self.bert.set_input_embeddings(value)
 
@@ -449,14 +461,6 @@ class MTDNNModel(MTDNNPreTrainedModel):
         return MTDNNOutput(loss=loss, logits=logits, group_logits=group_logits, start_logits=start_logits,
                            end_logits=end_logits, hidden_states=encoder_outputs.hidden_states,
                            attentions=encoder_outputs.attentions, san_states=san_states)
-
-
-def pipeline_class() -> type:
-    """MT-DNN's pipeline (`pipeline_mtdnn.MTDNNPipeline`). Imported here, where it is used, so that `save_pretrained`
-    copies its file with the model's code: a folder whose config names it in `custom_pipelines` then holds it."""
-    from .pipeline_mtdnn import MTDNNPipeline
-
-    return MTDNNPipeline
 
 
 def single_task(config: MTDNNConfig, task_types: tuple[str, ...], what: str) -> str:
