@@ -151,6 +151,8 @@ TOUCHES = {
     "hf_ext/models/<model>/commands.py": "the entry's commands (entry_problems)",
     "hf_ext/models/<model>/app.py": "the entry's app, if any (entry_problems)",
     "hf_ext/models/<model>/export_onnx.py": "the entry's exporter, if any (entry_problems)",
+    "hf_ext/models/<model>/pipeline_<model>.py": "the entry's custom pipelines, if any: remote code "
+                                                 "(remote_code_problems)",
     "hf_ext/models/__init__.py": "one line in PACKAGES (test_layout: every folder listed once)",
     "hf_ext/__init__.pyi": "its top_level names for type checkers (test_layout: package_stub)",
     "conversion/convert_<model>_original_checkpoint.py": "drift_problems, entry_problems",

@@ -435,7 +435,7 @@ def test_saved_remote_code_passes_transformers_import_check_without_pyyaml(tmp_p
     model = tiny_model(seed=4)
     write_model_folder(tmp_path, MTDNNModel, model.config, model.state_dict(), ENTRY.auto_map)
     files = sorted(path.name for path in tmp_path.glob("*.py"))
-    assert files == ["configuration_mtdnn.py", "modeling_mtdnn.py"]
+    assert files == ["configuration_mtdnn.py", "modeling_mtdnn.py", "pipeline_mtdnn.py"]
     monkeypatch.setitem(sys.modules, "yaml", None)  # what `import yaml` meets where PyYAML is not installed
     for name in files:
         check_imports(tmp_path / name)
