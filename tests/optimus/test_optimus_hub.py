@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROCESS_TIMEOUT
+from conftest import PROCESS_TIMEOUT, REPO_ROOT
 from hub_server import MockHub
 from safetensors.torch import load_file, save_file
 
@@ -161,10 +161,13 @@ def hub():
 
 
 def subprocess_env(hf_home, **extra):
-    """A clean environment: no inherited Hub settings or PYTHONPATH, its own HF_HOME (cache and remote code)."""
+    """A clean environment: no inherited Hub settings, its own HF_HOME (cache and remote code), and the checkout under
+    test as the only PYTHONPATH entry, so that the hf-ext commands and the loads with hf_ext run the code this process
+    tests, not whichever hf_ext the environment has installed (an editable install of another checkout)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("HF_", "HUGGINGFACE_")) and k not in ("PYTHONPATH", "TRANSFORMERS_CACHE")}
-    env.update(HF_HOME=str(hf_home), HF_HUB_DISABLE_TELEMETRY="1", TRANSFORMERS_VERBOSITY="error", **extra)
+    env.update(HF_HOME=str(hf_home), HF_HUB_DISABLE_TELEMETRY="1", TRANSFORMERS_VERBOSITY="error",
+               PYTHONPATH=str(REPO_ROOT), **extra)
     return env
 
 
@@ -184,8 +187,8 @@ def run(*commands, env, cwd):
 
 
 def load_in_subprocess(work, jobs, env, isolate):
-    """Run LOAD_SCRIPT from an empty working folder (so the checkout is not on sys.path); returns each job's
-    `(tensors, info)`."""
+    """Run LOAD_SCRIPT from an empty working folder (the checkout is importable through PYTHONPATH only, and hf_ext
+    not at all with `isolate`); returns each job's `(tensors, info)`."""
     cwd = Path(tempfile.mkdtemp(prefix="run-", dir=work))
     for index, job in enumerate(jobs):
         job["out"] = str(cwd / f"job{index}")
@@ -287,7 +290,17 @@ def test_push_and_download(work, optimus_tiny, fixture_case, sample_case, hub):
                      "--reference", str(optimus_tiny / "reference.safetensors"), "--push-to-hub", "org/name2"],
                     env=env, cwd=work)
     assert pushed.strip() == f"{hub.endpoint}/org/name/commit/{hub.repos['org/name'].main}"
-    assert hub.files("org/name") == folder_files(sample_case.folder)
+    # every file as in the folder, but the card: `push` publishes a card that loads the model by the folder's name
+    # loading it by the repo id instead (the folder is not changed)
+    local, published = folder_files(sample_case.folder), hub.files("org/name")
+    local_card, published_card = local.pop("README.md").decode(), published.pop("README.md").decode()
+    assert published == local
+    assert "org/name" not in local_card
+    for loading in ('from_pretrained("{}"', "hf-ext optimus reconstruct {} "):
+        assert loading.format("optimus-sample") in local_card and loading.format("optimus-sample") not in \
+            published_card and loading.format("org/name") in published_card, loading
+    assert published_card.replace("org/name", "optimus-sample") == local_card  # nothing else changed
+    # the converter writes the card for the repo id it pushes to: nothing to change
     assert hub.files("org/name2") == folder_files(out)
 
     results = load_in_subprocess(

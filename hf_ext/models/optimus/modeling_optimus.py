@@ -345,11 +345,24 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
             **kwargs,
         )
 
+    def _memory_slots(self) -> int:
+        """How many positions of the decoder's cache the latent memory takes before the tokens (0 or 1)."""
+        return 1 if self.config.latent_as_gpt_memory else 0
+
     def prepare_inputs_for_generation(self, input_ids: torch.Tensor, next_sequence_length: int | None = None,
                                       attention_mask: torch.Tensor | None = None, **kwargs: Any) -> dict[str, Any]:
         # generate() grows the decoder sequence under the name `input_ids`; the encoder side is not used here. The
         # cache travels in `kwargs` under the installed version's name (CACHE_NAME).
         kwargs.pop("position_ids", None)  # positions come from the mask and the memory slot in `_decode`
+        cache = kwargs.get(CACHE_NAME)
+        if next_sequence_length is not None and cache is not None and kwargs.get("latent_z") is not None:
+            cached = int(cache.get_seq_length())
+            if cached:
+                # generate() is handed the whole sequence and counts as new what the cache does not hold, from the
+                # cache's length: that length includes the memory slot, which is no token. Counted so, a prefill
+                # that continues from a cache (generate() given an earlier call's cache and output) would read one
+                # token too few, none at all when one is new (a slice [-0:] takes the whole sequence again).
+                next_sequence_length = input_ids.size(1) - (cached - self._memory_slots())
         model_inputs = super().prepare_inputs_for_generation(
             input_ids, next_sequence_length=next_sequence_length, attention_mask=attention_mask, **kwargs,
         )
@@ -360,6 +373,19 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
         if "attention_mask" in model_inputs:
             model_inputs["decoder_attention_mask"] = model_inputs.pop("attention_mask")
         return model_inputs
+
+    def create_masks_for_generate(self, attention_mask: torch.Tensor | None = None, **kwargs: Any,
+                                  ) -> torch.Tensor | None:
+        """The mask generate() passes with a static (compilable) cache: the 2D token mask as it is. transformers would
+        build the 4D mask here from the token mask and the cache, which holds the memory slot that the token mask
+        does not cover; `_decode` adds the slot's column and GPT-2 builds the 4D mask from it and the cache."""
+        return attention_mask
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size,
+                                      max_cache_length):
+        # a cache of a fixed size (static) holds the memory slot as well as the tokens
+        return super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, batch_size,
+                                                     max_cache_length + self._memory_slots())
 
     def _validate_model_kwargs(self, model_kwargs):
         if model_kwargs.get("latent_z") is None:
