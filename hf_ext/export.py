@@ -72,7 +72,8 @@ def write_model_folder(folder: str | Path, model_class: type[PreTrainedModel], c
     """Write config.json (with `auto_map`), the model code, generation_config.json, model.safetensors and the
     processor into `folder`. `state_dict` is checked against the model built from `config` first. With
     `auto_map=None` (a class transformers itself provides) no code is copied and no auto_map written; otherwise the
-    custom pipelines hf-ext declares for the model type are written too (`custom_pipelines`, with their code)."""
+    custom pipelines hf-ext declares for the model type (those that fit `model_class`) are written too
+    (`custom_pipelines`, with their code)."""
     from .models import model_entry
     from .registration import add_custom_pipelines
 
@@ -87,7 +88,7 @@ def write_model_folder(folder: str | Path, model_class: type[PreTrainedModel], c
         custom_object_save(model, folder, config=config)  # type: ignore[arg-type]
         config.auto_map = dict(auto_map)
         entry = model_entry(config.model_type)
-        add_custom_pipelines(folder, config, entry.pipelines if entry is not None else {})
+        add_custom_pipelines(folder, config, entry.pipelines if entry is not None else {}, model_class)
     config.architectures = [model_class.__name__]
     config.save_pretrained(folder)
     if model.can_generate():

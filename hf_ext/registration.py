@@ -2,6 +2,7 @@
 the shared layer reads through `hf_ext.models.MODELS` and nowhere else; and registering it with transformers' Auto
 classes."""
 
+import builtins
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -65,11 +66,18 @@ class CustomPipeline:
     """A custom pipeline a model declares (`ModelEntry.pipelines`, by task name): `pipeline_class` (a
     `transformers.Pipeline` subclass in a remote-code file of the model's folder, `pipeline_<name>.py`, so that
     folders carry it), `auto_classes` (the names of the transformers Auto classes the pipeline loads the model with)
-    and `type` (the pipeline's input type, as `PIPELINE_REGISTRY` takes it: "text" loads the folder's tokenizer)."""
+    `type` (the pipeline's input type, as `PIPELINE_REGISTRY` takes it: "text" loads the folder's tokenizer) and
+    `model_classes` (the model classes whose folders carry it, empty for every class of the model: a seq2seq pipeline
+    is no use in a classifier's folder)."""
 
     pipeline_class: type
     auto_classes: tuple[str, ...] = ("AutoModel",)
     type: str = "text"
+    model_classes: tuple[builtins.type, ...] = ()  # `type` is the field above in this class's body
+
+    def fits(self, model_class: builtins.type | None) -> bool:
+        """Whether folders of `model_class` carry the pipeline (None: a class not known, every pipeline fits)."""
+        return not self.model_classes or model_class is None or issubclass(model_class, self.model_classes)
 
     def register(self, task: str) -> None:
         """Register the pipeline as `task` with transformers' `PIPELINE_REGISTRY` (`pipeline(task, model=...)`)."""
@@ -87,12 +95,14 @@ class CustomPipeline:
 
 
 def add_custom_pipelines(folder: str | Path, config: PretrainedConfig,
-                         pipelines: Mapping[str, CustomPipeline]) -> None:
+                         pipelines: Mapping[str, CustomPipeline], model_class: type | None = None) -> None:
     """Copy each pipeline's code (its file and the folder files it imports) into `folder` and record the pipelines
     in `config.custom_pipelines`, before the configuration is saved there: `pipeline(model=folder,
-    trust_remote_code=True)` then runs them where hf-ext is not installed."""
+    trust_remote_code=True)` then runs them where hf-ext is not installed. With `model_class` (the class the folder
+    holds), only the pipelines that fit it (`CustomPipeline.fits`)."""
     from transformers.dynamic_module_utils import custom_object_save
 
+    pipelines = {task: declared for task, declared in pipelines.items() if declared.fits(model_class)}
     if not pipelines:
         return
     for declared in pipelines.values():

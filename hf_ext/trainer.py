@@ -240,7 +240,7 @@ def save_training_run(folder: str | Path, trainer: Trainer,
     """What a training command leaves in its output folder: the trained model (`trainer.model`, or `model`; a PEFT
     model saves its adapter and the modules it trains in full), its processor or tokenizer, `log_history.json` and,
     with `metrics`, `eval_results.json`. A model saved with its code (registered for remote code, as hf-ext's
-    models are) also carries the custom pipelines hf-ext declares for its model type (`custom_pipelines`)."""
+    models are) also carries the custom pipelines hf-ext declares for its model type and class (`custom_pipelines`)."""
     from peft import PeftModel
 
     from .models import model_entry
@@ -253,7 +253,7 @@ def save_training_run(folder: str | Path, trainer: Trainer,
     entry = model_entry(trained.config.model_type) if isinstance(trained, PreTrainedModel) else None
     if entry is not None and getattr(trained, "_auto_class", None) is not None:
         folder.mkdir(parents=True, exist_ok=True)
-        add_custom_pipelines(folder, trained.config, entry.pipelines)
+        add_custom_pipelines(folder, trained.config, entry.pipelines, type(trained))
     trained.save_pretrained(str(folder))
     if processor is not None:
         processor.save_pretrained(folder)

@@ -432,6 +432,10 @@ def test_cli_train_algorithmic_saves_a_model_that_reproduces_its_results(cli_mod
     assert len(logged(json.loads((cli_model / "log_history.json").read_text()), "ponder_cost")) == 2
     model = AutoModelForSeq2SeqLM.from_pretrained(cli_model)
     assert AutoTokenizer.from_pretrained(cli_model)("12+3")["input_ids"] == [3, 4, 12, 5, 1]
+    # the folder runs the text-to-text pipeline (tests/universal_transformer/test_universal_transformer_pipeline.py)
+    assert list(json.loads((cli_model / "config.json").read_text())["custom_pipelines"]) == \
+        ["universal-transformer-text2text"]
+    assert (cli_model / "pipeline_universal_transformer.py").is_file()
     # the longer test set is the one run_algorithmic draws: lengths 7-9, seed + 2
     longer = algorithmic_dataset("addition", 8, 7, 9, seed=6)
     assert evaluate_algorithmic(model, longer) == results["longer_lengths"]

@@ -2,7 +2,7 @@
 
 from transformers import PreTrainedModel
 
-from ...registration import LoraPlan, ModelEntry
+from ...registration import CustomPipeline, LoraPlan, ModelEntry
 from .configuration_universal_transformer import UniversalTransformerConfig
 from .modeling_universal_transformer import (
     UniversalTransformerForSeq2SeqLM,
@@ -14,6 +14,7 @@ from .modeling_universal_transformer import (
     UniversalTransformerSequenceClassifierOutput,
     timing_signal,
 )
+from .pipeline_universal_transformer import PIPELINE_TASK, UniversalTransformerText2TextPipeline
 
 
 def _lora_task_type(model: PreTrainedModel) -> str | None:
@@ -45,9 +46,13 @@ ENTRY = ModelEntry(
     app="app",
     app_summary="the Universal Transformer's halting map",
     export_onnx="export_onnx",
+    # text to text through generate(): in the seq2seq model's folders only (the bAbI classifier reads embeddings)
+    pipelines={PIPELINE_TASK: CustomPipeline(UniversalTransformerText2TextPipeline, ("AutoModelForSeq2SeqLM",), "text",
+                                             model_classes=(UniversalTransformerForSeq2SeqLM,))},
 )
 
 __all__ = ["ENTRY", "UniversalTransformerConfig",
            "UniversalTransformerForSeq2SeqLM", "UniversalTransformerForSequenceClassification",
            "UniversalTransformerModel", "UniversalTransformerModelOutput", "UniversalTransformerPreTrainedModel",
-           "UniversalTransformerSeq2SeqLMOutput", "UniversalTransformerSequenceClassifierOutput", "timing_signal"]
+           "UniversalTransformerSeq2SeqLMOutput", "UniversalTransformerSequenceClassifierOutput",
+           "UniversalTransformerText2TextPipeline", "timing_signal"]

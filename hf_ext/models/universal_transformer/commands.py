@@ -77,7 +77,8 @@ def _train_algorithmic(args):
 
     from ...hub import write_training_card
     from ...output import atomic_output_dir, check_output_dir
-    from . import UniversalTransformerForSeq2SeqLM
+    from ...registration import add_custom_pipelines
+    from . import ENTRY, UniversalTransformerForSeq2SeqLM
     from .training import algorithmic_config, algorithmic_tokenizer, run_algorithmic, vanilla_transformer
 
     require(args.task != "addition" or args.train_length >= 3, "addition needs --train-length of at least 3")
@@ -103,6 +104,8 @@ def _train_algorithmic(args):
                    "max_steps": args.max_steps, "train_loss": run.train_loss,
                    "train_seconds": round(run.train_seconds, 1), "train_lengths": run.train_lengths,
                    "longer_lengths": run.longer_lengths}
+        if isinstance(model, UniversalTransformerForSeq2SeqLM):  # its folder runs the text-to-text pipeline
+            add_custom_pipelines(staging, model.config, ENTRY.pipelines, type(model))
         model.save_pretrained(staging)
         algorithmic_tokenizer().save_pretrained(staging)
         (staging / "results.json").write_text(json.dumps(results, indent=1))

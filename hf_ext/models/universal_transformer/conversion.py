@@ -248,8 +248,10 @@ def convert_universal_transformer_checkpoint(src: str | Path, out: str | Path, *
         repo_id = push_to_hub or Path(out).name
         write_model_card(
             staging, ENTRY.card_template,
+            # a classifier (the answer word over the vocabulary), but one that reads sentence embeddings and comes
+            # without a tokenizer: no pipeline runs the folder, so the Hub's widget is turned off
             card_data(license="mit", tags=["universal-transformer", "adaptive-computation-time", "babi"],
-                      pipeline_tag="text-classification"),
+                      pipeline_tag="text-classification", inference=False),
             model_name=Path(out).name, repo_id=repo_id, config=config, hf_ext_version=__version__,
             source_files=[file_record(src / WEIGHTS_FILE), file_record(src / CONFIG_FILE)], parity=parity,
             notes=notes,

@@ -730,6 +730,18 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
     def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
         self.lm_head = new_embeddings
 
+    def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> None:
+        """`PreTrainedModel.save_pretrained`, and where the config names the text-to-text pipeline in
+        `custom_pipelines` (a model loaded from a folder hf-ext wrote), the pipeline's code beside the model's, so
+        that the new folder runs it as remote code too."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if getattr(self.config, "custom_pipelines", None):
+            from transformers.dynamic_module_utils import custom_object_save
+
+            from .pipeline_universal_transformer import UniversalTransformerText2TextPipeline
+
+            custom_object_save(UniversalTransformerText2TextPipeline, str(save_directory))
+
     @classmethod
     def _supports_default_dynamic_cache(cls):
         return False  # no decoding cache: nothing for generate() to build
