@@ -37,6 +37,24 @@ NO_OFFSET = (-1, -1)  # offset of a token outside the context (the question, spe
 CHUNK_FIELDS = ("kind", "tasks", "words", "word_ids", "offsets", "context")
 
 
+def question_windows(tokenizer: Any, questions: list[str], contexts: list[str], max_length: int,
+                     doc_stride: int | None = None) -> tuple[Any, list[list[tuple[int, int]]]]:
+    """Question-context pairs cut into windows of `max_length` tokens that share `doc_stride` tokens (`DOC_STRIDE`, or
+    half the window where that is less), as the original's `squad_prepro.py` cuts them: the tokenizer's encoding of
+    every window (`overflow_to_sample_mapping` names each window's pair) and each window's character offsets of the
+    context's tokens (`NO_OFFSET` elsewhere). Needs a fast tokenizer."""
+    doc_stride = min(DOC_STRIDE, max_length // 2) if doc_stride is None else doc_stride
+    encoded = tokenizer(questions, contexts, truncation="only_second", max_length=max_length, stride=doc_stride,
+                        return_overflowing_tokens=True, return_offsets_mapping=True, return_token_type_ids=True,
+                        return_attention_mask=True)
+    offsets = []
+    for window, window_offsets in enumerate(encoded["offset_mapping"]):
+        sequence_ids = encoded.sequence_ids(window)
+        offsets.append([tuple(offset) if sequence_ids[i] == 1 else NO_OFFSET
+                        for i, offset in enumerate(window_offsets)])
+    return encoded, offsets
+
+
 def best_span(starts: list[float], ends: list[float], offsets: list[tuple[int, int]] | list[list[int]],
               max_answer_length: int) -> tuple[float, int, int] | None:
     """The best answer span of one window: `(score, first character, end character)` of the highest start + end
@@ -190,17 +208,10 @@ class MTDNNPipeline(ChunkPipeline):
         window where that is less), as hf-ext's span-task evaluation reads them."""
         if not getattr(self.tokenizer, "is_fast", False):
             raise ValueError("span tasks need a fast tokenizer (one that maps tokens to character offsets)")
-        encoded = self.text_tokenizer(question, context, truncation="only_second", max_length=max_length,
-                                 stride=min(DOC_STRIDE, max_length // 2), return_overflowing_tokens=True,
-                                 return_offsets_mapping=True, return_token_type_ids=True, return_attention_mask=True)
-        windows = []
-        for window in range(len(encoded["input_ids"])):
-            sequence_ids = encoded.sequence_ids(window)
-            offsets = [tuple(offset) if sequence_ids[i] == 1 else NO_OFFSET
-                       for i, offset in enumerate(encoded["offset_mapping"][window])]
-            row = {key: encoded[key][window] for key in ("input_ids", "token_type_ids", "attention_mask")}
-            windows.append(self.chunk("span", tasks, row, offsets=offsets, context=context))
-        return windows
+        encoded, offsets = question_windows(self.text_tokenizer, [question], [context], max_length)
+        return [self.chunk("span", tasks, {key: encoded[key][window] for key in
+                                           ("input_ids", "token_type_ids", "attention_mask")},
+                           offsets=window_offsets, context=context) for window, window_offsets in enumerate(offsets)]
 
     def _forward(self, model_inputs: dict[str, Any]) -> dict[str, Any]:  # type: ignore[override]
         """The encoder once over the chunks, then each task's head over the chunks that it reads (`logits:<task>`,
@@ -275,4 +286,4 @@ class MTDNNPipeline(ChunkPipeline):
         return best_answer(spec, windows, chunks[0]["context"])
 
 
-__all__ = ["MTDNNPipeline", "PIPELINE_TASK", "best_answer", "best_span", "entities"]
+__all__ = ["MTDNNPipeline", "PIPELINE_TASK", "best_answer", "best_span", "entities", "question_windows"]

@@ -28,7 +28,7 @@ from transformers import PreTrainedTokenizerBase
 from ...errors import HfExtError
 from ...text_files import json_lines, read_lines
 from .modeling_mtdnn import IGNORE_INDEX
-from .pipeline_mtdnn import DOC_STRIDE, NO_OFFSET, best_answer
+from .pipeline_mtdnn import DOC_STRIDE, NO_OFFSET, best_answer, question_windows
 
 if TYPE_CHECKING:  # datasets is imported only when used
     from datasets import Dataset
@@ -218,19 +218,15 @@ def encode_squad_examples(examples: Sequence[dict[str, Any]], tokenizer: PreTrai
     if not 0 <= doc_stride < max_length:
         raise HfExtError(f"doc stride {doc_stride} must be below the window's {max_length} tokens")
     try:
-        encoded = tokenizer([e["question"] for e in examples], [e["context"] for e in examples],
-                            truncation="only_second", max_length=max_length, stride=doc_stride,
-                            return_overflowing_tokens=True, return_offsets_mapping=True, return_token_type_ids=True,
-                            return_attention_mask=True)
+        encoded, window_offsets = question_windows(tokenizer, [e["question"] for e in examples],
+                                                   [e["context"] for e in examples], max_length, doc_stride)
     except Exception as error:  # the tokenizers library's own error: a question too long for the window and stride
         raise HfExtError(f"cannot cut the contexts into windows of {max_length} tokens with a stride of {doc_stride}: "
                          f"{str(error).splitlines()[0]}") from None
     columns: dict[str, list[Any]] = defaultdict(list)
-    for window, example_index in enumerate(encoded["overflow_to_sample_mapping"]):
+    for window, (example_index, offsets) in enumerate(zip(encoded["overflow_to_sample_mapping"], window_offsets,
+                                                          strict=True)):
         example = examples[example_index]
-        sequence_ids = encoded.sequence_ids(window)
-        offsets = [tuple(offset) if sequence_ids[i] == 1 else NO_OFFSET
-                   for i, offset in enumerate(encoded["offset_mapping"][window])]
         start = end = 0
         if example["answers"]["text"]:
             first = example["answers"]["answer_start"][0]
