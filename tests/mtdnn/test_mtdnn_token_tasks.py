@@ -311,8 +311,11 @@ def test_entity_scores_match_the_seqeval_package():
     require_extra("test-slow", "seqeval")
     import seqeval.metrics as seqeval
 
-    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["O", "B-LOC", "I-LOC", "I-LOC", "O", "B-PER"], ["I-PER", "O", "B-LOC"]]
-    predicted = [["B-PER", "I-PER", "O", "B-PER"], ["O", "B-LOC", "I-LOC", "O", "O", "I-PER"], ["B-PER", "O", "B-LOC"]]
+    # IOB2 rows, consecutive chunks of one type (B after B or I), I- opening a chunk, and IOBES rows
+    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["O", "B-LOC", "I-LOC", "I-LOC", "O", "B-PER"], ["I-PER", "O", "B-LOC"],
+            ["B-PER", "B-PER", "I-PER", "O"], ["S-LOC", "B-ORG", "E-ORG", "O"]]
+    predicted = [["B-PER", "I-PER", "O", "B-PER"], ["O", "B-LOC", "I-LOC", "O", "O", "I-PER"], ["B-PER", "O", "B-LOC"],
+                 ["B-PER", "I-PER", "I-PER", "O"], ["S-LOC", "B-ORG", "I-ORG", "E-ORG"]]
     scores = load_metric("seqeval").compute(predictions=predicted, references=gold)
     assert scores["overall_f1"] == pytest.approx(seqeval.f1_score(gold, predicted))
     assert scores["overall_precision"] == pytest.approx(seqeval.precision_score(gold, predicted))
@@ -323,6 +326,9 @@ def test_entity_scores_match_the_seqeval_package():
 def test_entity_scores_by_hand():
     gold = [["B-PER", "I-PER", "O", "B-LOC"], ["I-LOC", "I-LOC", "O", "B-PER"]]  # I- after O starts a chunk
     predicted = [["B-PER", "I-PER", "O", "B-PER"], ["B-LOC", "I-LOC", "O", "O"]]
+    from hf_ext.metrics.seqeval.seqeval import entities
+
+    assert entities(["B-PER", "B-PER", "I-PER", "O", "I-LOC"]) == [("PER", 0, 0), ("PER", 1, 2), ("LOC", 4, 4)]
     scores = load_metric("seqeval").compute(predictions=predicted, references=gold)
     # gold: PER(0-1), LOC(3), LOC(0-1), PER(3); predicted: PER(0-1), PER(3), LOC(0-1): 2 right of 3 and of 4
     assert (scores["overall_precision"], scores["overall_recall"]) == (pytest.approx(2 / 3), 0.5)
