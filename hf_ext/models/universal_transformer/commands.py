@@ -104,8 +104,8 @@ def _train_algorithmic(args):
                    "max_steps": args.max_steps, "train_loss": run.train_loss,
                    "train_seconds": round(run.train_seconds, 1), "train_lengths": run.train_lengths,
                    "longer_lengths": run.longer_lengths}
-        if isinstance(model, UniversalTransformerForSeq2SeqLM):  # its folder runs the text-to-text pipeline
-            add_custom_pipelines(staging, model.config, ENTRY.pipelines, type(model))
+        # the UT's folder runs the text-to-text pipeline (the Transformer baseline's class fits none)
+        add_custom_pipelines(staging, model.config, ENTRY.pipelines, type(model))
         model.save_pretrained(staging)
         algorithmic_tokenizer().save_pretrained(staging)
         (staging / "results.json").write_text(json.dumps(results, indent=1))
