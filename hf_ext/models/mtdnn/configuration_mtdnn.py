@@ -404,6 +404,8 @@ def _check_sizes(config, side, sizes, width, heads, epsilon):
     if getattr(config, width) % getattr(config, heads):
         raise ValueError(f"{side} {width} {getattr(config, width)} is not divisible by {heads} "
                          f"{getattr(config, heads)}")
+    if epsilon is None:
+        return
     value = getattr(config, epsilon)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{side} {epsilon} must be a positive finite number, got {value!r}")

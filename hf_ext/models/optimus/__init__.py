@@ -1,7 +1,7 @@
-"""Optimus: BERT encoder -> Gaussian latent -> GPT-2 decoder (Li et al., EMNLP 2020)."""
+"""Optimus: encoder -> Gaussian latent -> causal decoder (Li et al., EMNLP 2020: BERT -> GPT-2)."""
 
-from ...registration import BERT_ATTENTION, LoraPlan, ModelEntry
-from .configuration_optimus import OptimusConfig
+from ...registration import ENCODER_ATTENTION, LoraPlan, ModelEntry
+from .configuration_optimus import DECODER_ATTENTION, OptimusConfig
 from .latent_space import OptimusLatentSpace
 from .modeling_optimus import (
     OptimusForSequenceClassification,
@@ -27,9 +27,9 @@ ENTRY = ModelEntry(
                "OptimusProcessor"),
     card_template="optimus",
     conversion_script="convert_optimus_original_checkpoint.py",
-    # BERT's self-attention and GPT-2's attention and MLP projections; the latent projections define the latent
-    # space and are trained in full
-    lora=LoraPlan(BERT_ATTENTION + ("c_attn", "c_proj"),
+    # the encoder's self-attention, GPT-2's attention and MLP projections, the other decoders' attention projections
+    # (Llama, Qwen, Mistral, Gemma); the latent projections define the latent space and are trained in full
+    lora=LoraPlan(ENCODER_ATTENTION + DECODER_ATTENTION,
                   lambda model: ["to_latent", "latent_to_memory", "latent_to_embedding"], fan_in_fan_out=True),
     app="app",
     app_summary="Optimus' latent space (reconstruct, interpolate, analogy, sample, a map of the posterior means)",

@@ -117,7 +117,7 @@ def build_app(source: str, trust_remote_code: bool = False) -> "gr.Blocks":
     import gradio as gr
 
     model, processor = load_optimus(source, trust_remote_code)
-    limit = model.config.decoder.n_positions - int(model.config.latent_as_gpt_memory)
+    limit = model.config.max_decoder_tokens
     app = OptimusApp(OptimusLatentSpace(model, processor, max_new_tokens=min(MAX_NEW_TOKENS, limit)))
     examples = bundled_sentences()
     text: dict[str, Any] = dict(max_length=MAX_TEXT_CHARS, lines=1)

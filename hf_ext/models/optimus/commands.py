@@ -163,8 +163,9 @@ def _load_optimus(args):
 
 
 def _max_length(args, config):
-    # the decoder's latent memory takes position slot 0, so a sentence may use n_positions - 1 of them
-    limit = min(config.encoder.max_position_embeddings, config.decoder.n_positions - 1)
+    # the decoder's latent memory takes position slot 0, so a sentence may use one position less than it has
+    limit = min(config.max_encoder_tokens or config.max_decoder_tokens,
+                config.decoder.max_position_embeddings - 1)
     require(args.max_length is None or args.max_length <= limit,
              f"--max-length {args.max_length} exceeds what the model's positions allow ({limit})")
     return args.max_length or limit

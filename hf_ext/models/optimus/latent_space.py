@@ -16,10 +16,10 @@ class OptimusLatentSpace:
     def __init__(self, model: OptimusModel, processor: OptimusProcessor, max_new_tokens: int = 32,
                  **generation_kwargs: Any) -> None:
         # the decoder's positions bound the output; the latent memory slot takes position 0
-        limit = model.config.decoder.n_positions - int(model.config.latent_as_gpt_memory)
+        limit = model.config.max_decoder_tokens
         if max_new_tokens > limit:
             raise ValueError(f"max_new_tokens {max_new_tokens} exceeds what the decoder's "
-                             f"{model.config.decoder.n_positions} positions allow ({limit})")
+                             f"{model.config.decoder.max_position_embeddings} positions allow ({limit})")
         self.model = model.eval()
         self.processor = processor
         self.generation_kwargs = {"max_new_tokens": max_new_tokens, "do_sample": False, **generation_kwargs}
@@ -38,7 +38,7 @@ class OptimusLatentSpace:
         """(mean, logvar) of each text's posterior; a text longer than the encoder's positions is truncated, as a
         tokenizer's `model_max_length` would."""
         batch = self.processor([texts] if isinstance(texts, str) else list(texts),
-                               max_length=self.model.config.encoder.max_position_embeddings)
+                               max_length=self.model.config.max_encoder_tokens)
         mean, logvar, _ = self.model.encode(batch["input_ids"].to(self.model.device),
                                             batch["attention_mask"].to(self.model.device))
         return mean, logvar

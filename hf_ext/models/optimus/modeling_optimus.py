@@ -1,9 +1,15 @@
-"""Optimus (Li et al., EMNLP 2020): a BERT encoder, a Gaussian latent z and a GPT-2 decoder that reads z.
+"""Optimus (Li et al., EMNLP 2020): an encoder, a Gaussian latent z and a causal decoder that reads z.
 
-z reaches the decoder in two ways, each switchable in the config, exactly as in the original code:
-- memory: `latent_to_memory(z)` is cut into one `n_embd` chunk per layer, split into heads and prepended to that
-  layer's keys *and* values (no `c_attn`, no bias). It lives in slot 0 of a pre-filled KV cache, so token positions
-  start at 1 and the decoder's causal mask lets every token see it;
+The paper's pair is BERT -> GPT-2; the encoder is any bidirectional `AutoModel` encoder and the decoder any decoder-only
+causal LM whose attention layers keep a key/value `Cache`. z reaches the decoder in two ways, each switchable in the
+config, exactly as in the original code:
+- memory: `latent_to_memory(z)` is cut into one chunk per layer (`num_key_value_heads * head_dim` wide, GPT-2's
+  `n_embd`), split into the key/value heads and prepended to that layer's keys *and* values (no projection, no norm,
+  no bias). It lives in slot 0 of a pre-filled KV cache, so token positions start at 1 and the decoder's causal mask
+  lets every token see it. Rotary decoders store keys rotated by their position; the memory's position is 0, whose
+  rotation is the identity, so the memory key is stored as it is and each token sees it at its own distance (rotary
+  attention depends on distances only, so starting the tokens at 1 changes nothing among them). In a sliding-window
+  layer the memory is the token at position 0: it leaves the window as that token would;
 - embedding: `latent_to_embedding(z)` is added to every token embedding.
 """
 
@@ -14,15 +20,16 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers import BertModel, GPT2Model, PreTrainedModel
+from transformers import AutoModel, GPT2Model, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
-from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions, SequenceClassifierOutput
+from transformers.modeling_outputs import BaseModelOutputWithPooling, SequenceClassifierOutput
+from transformers.models.auto.modeling_auto import MODEL_MAPPING
 from transformers.utils import ModelOutput, can_return_tuple
 from transformers.utils.deprecation import deprecate_kwarg
 
-from .configuration_optimus import OptimusConfig
+from .configuration_optimus import OptimusConfig, decoder_head_dim, decoder_heads
 
 # transformers 5.24 renamed the decoder cache `past_key_values` -> `cache` in forwards, outputs and generation. The
 # name the installed version uses is decided once, here, from GPT-2's own signature.
@@ -48,7 +55,8 @@ class OptimusOutput(ModelOutput):
     cache (`Cache`): decoder cache whose slot 0 holds the latent memory (`past_key_values` before transformers 5.24).
     hidden_states, attentions: the decoder's (the language model's), with `output_hidden_states` /
         `output_attentions`; the attention keys start with the latent memory slot when there is one.
-    encoder_last_hidden_state, encoder_pooler_output, encoder_hidden_states, encoder_attentions: the BERT encoder's.
+    encoder_last_hidden_state, encoder_pooler_output, encoder_hidden_states, encoder_attentions: the encoder's
+        (`encoder_pooler_output` is the sentence feature the posterior reads, after `config.encoder_pooling`).
     """
 
     loss: torch.Tensor | None = None
@@ -103,7 +111,7 @@ class OptimusPreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     # The decoder's memory lives in the KV cache, which gradient checkpointing drops in training.
     supports_gradient_checkpointing = False
-    _no_split_modules = ["BertLayer", "GPT2Block"]
+    _no_split_modules = ["BertLayer", "GPT2Block"]  # the original's pair; an instance lists its own backbones'
     _supports_sdpa = True
     _supports_attention_backend = True
     # Trainer: the loss is a batch mean, not normalised across gradient-accumulation steps.
@@ -122,14 +130,37 @@ class OptimusPreTrainedModel(PreTrainedModel):
         # The original builds the mask as (input_ids > 0): BERT's pad id.
         return (input_ids != self.config.encoder.pad_token_id).long()
 
-    def _encode(self, input_ids, attention_mask=None, token_type_ids=None, **kwargs):
-        return self.encoder(
-            input_ids=input_ids,
-            attention_mask=self._encoder_attention_mask(input_ids, attention_mask),
-            token_type_ids=token_type_ids,
-            return_dict=True,
-            **kwargs,
-        )
+    def _build_encoder(self) -> None:
+        """The encoder (`AutoModel` for `config.encoder`), with its pooling layer where the sentence feature is the
+        pooler's; what it reads is decided once here from its forward's signature."""
+        config = self.config
+        parameters = inspect.signature(MODEL_MAPPING[type(config.encoder)].__init__).parameters  # type: ignore[misc]
+        pooling = config.encoder_pooling == "pooler"
+        self.encoder = AutoModel.from_config(
+            config.encoder, **({"add_pooling_layer": pooling} if "add_pooling_layer" in parameters else {}))
+        if pooling and getattr(self.encoder, "pooler", None) is None:
+            raise ValueError(f"the {config.encoder.model_type} encoder has no pooler: set encoder_pooling to 'cls' "
+                             f"or 'mean'")
+        self.encoder_reads_segments = "token_type_ids" in inspect.signature(self.encoder.forward).parameters
+        self._no_split_modules = list(self.encoder._no_split_modules or [])
+
+    def _encode(self, input_ids, attention_mask=None, token_type_ids=None, **kwargs) -> BaseModelOutputWithPooling:
+        """The encoder's output, its `pooler_output` the sentence feature of `config.encoder_pooling`."""
+        attention_mask = self._encoder_attention_mask(input_ids, attention_mask)
+        if token_type_ids is not None and self.encoder_reads_segments:
+            kwargs["token_type_ids"] = token_type_ids
+        outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **kwargs)
+        hidden = outputs.last_hidden_state
+        pooling = self.config.encoder_pooling
+        if pooling == "pooler":
+            feature = outputs.pooler_output
+        elif pooling == "cls":
+            feature = hidden[:, 0]
+        else:
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            feature = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+        return BaseModelOutputWithPooling(last_hidden_state=hidden, pooler_output=feature,
+                                          hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
     def _output_flags(self, output_attentions, output_hidden_states):
         """The output switches for the sub-models, which read their own configs: a keyword wins over this model's
@@ -149,28 +180,33 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
     `decoder_input_ids`. `generate(latent_z=z, ...)` decodes from BOS with a KV cache.
     """
 
-    _tied_weights_keys = {"lm_head.weight": "decoder.wte.weight"}
+    _tied_weights_keys = {"lm_head.weight": "decoder.wte.weight"}  # GPT-2's; an instance names its decoder's
 
     def __init__(self, config: OptimusConfig):
         super().__init__(config)
         enc, dec = config.encoder, config.decoder
-        self.encoder = BertModel(enc, add_pooling_layer=True)
+        self._build_encoder()
         self.to_latent = nn.Linear(enc.hidden_size, 2 * config.latent_size, bias=False)
-        self.decoder = GPT2Model(dec)
+        # the decoder's base model (GPT2Model, LlamaModel, ...); the LM head is this model's, as in the original
+        self.decoder = AutoModel.from_config(dec)
+        self._no_split_modules = [*self._no_split_modules, *(self.decoder._no_split_modules or [])]
+        embedding_name = next(name for name, module in self.decoder.named_modules()
+                              if module is self.decoder.get_input_embeddings())
+        self._tied_weights_keys = {"lm_head.weight": f"decoder.{embedding_name}.weight"}
+        _, key_value_heads = decoder_heads(dec)
+        memory_width = key_value_heads * decoder_head_dim(dec)  # one key (= value) per key/value head
         # Both projections always exist (the original saves both); the config switches decide which are used.
-        self.latent_to_memory = nn.Linear(config.latent_size, dec.n_layer * dec.n_embd, bias=False)
-        self.latent_to_embedding = nn.Linear(config.latent_size, dec.n_embd, bias=False)
-        self.lm_head = nn.Linear(dec.n_embd, dec.vocab_size, bias=False)
+        self.latent_to_memory = nn.Linear(config.latent_size, dec.num_hidden_layers * memory_width, bias=False)
+        self.latent_to_embedding = nn.Linear(config.latent_size, dec.hidden_size, bias=False)
+        self.lm_head = nn.Linear(dec.hidden_size, dec.vocab_size, bias=False)
         self.beta = config.beta  # current KL weight; schedules update it during training
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.decoder.wte
+    def get_input_embeddings(self) -> nn.Module:
+        return self.decoder.get_input_embeddings()
 
     def set_input_embeddings(self, value: nn.Module) -> None:
-        # transformers' contract takes any module, as GPT2Model.set_input_embeddings does; mypy infers GPT2Model's
-        # `wte` from its constructor as nn.Embedding
-        self.decoder.wte = value  # type: ignore[assignment]
+        self.decoder.set_input_embeddings(value)
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
@@ -182,7 +218,7 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                token_type_ids: torch.Tensor | None = None, **kwargs: Any,
-               ) -> tuple[torch.Tensor, torch.Tensor, BaseModelOutputWithPoolingAndCrossAttentions]:
+               ) -> tuple[torch.Tensor, torch.Tensor, BaseModelOutputWithPooling]:
         """Posterior of each input: `(mean, logvar, encoder_outputs)`."""
         encoder_outputs = self._encode(input_ids, attention_mask, token_type_ids, **kwargs)
         mean, logvar = self.to_latent(encoder_outputs.pooler_output).chunk(2, -1)
@@ -216,10 +252,11 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
     def memory_cache(self, latent_z: torch.Tensor, cache: Cache | None = None) -> Cache:
         """Put the latent memory into slot 0 of every decoder layer of `cache` (a new `DynamicCache` by default)."""
         dec = self.config.decoder
-        head_dim = dec.n_embd // dec.n_head
-        memory = self.latent_to_memory(latent_z).view(latent_z.size(0), dec.n_layer, dec.n_head, 1, head_dim)
+        _, key_value_heads = decoder_heads(dec)
+        memory = self.latent_to_memory(latent_z).view(latent_z.size(0), dec.num_hidden_layers, key_value_heads, 1,
+                                                      decoder_head_dim(dec))
         cache = cache if cache is not None else DynamicCache(config=dec)
-        for layer in range(dec.n_layer):
+        for layer in range(dec.num_hidden_layers):
             # the same tensor is the key and the value, as in the original
             cache.update(memory[:, layer], memory[:, layer], layer)
         return cache
@@ -246,7 +283,8 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
         **kwargs: Any,
     ) -> OptimusOutput:
         r"""
-        input_ids, attention_mask, token_type_ids: the encoder side (BERT ids). Without a mask, ids equal to the
+        input_ids, attention_mask, token_type_ids: the encoder side (the encoder tokenizer's ids; `token_type_ids`
+            reach encoders with segment embeddings only). Without a mask, ids equal to the
             encoder pad id are masked, as the original's `(input_ids > 0)`.
         decoder_input_ids: decoder tokens; defaults to `labels`, as in the original.
         decoder_attention_mask: optional decoder padding mask over the tokens (the memory slot is added here).
@@ -280,6 +318,9 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
                 raise ValueError("labels need the logits of every position: leave logits_to_keep at 0")
             kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             logits = self.lm_head(decoder_outputs.last_hidden_state[:, kept])
+            softcap = getattr(config.decoder, "final_logit_softcapping", None)
+            if softcap is not None:  # Gemma 2's, which its own LM head applies
+                logits = torch.tanh(logits / softcap) * softcap
 
         loss = loss_rec = loss_kl = None
         if mean is not None:
@@ -320,7 +361,7 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
     def _decode(self, input_ids, latent_z, attention_mask, position_ids, cache, use_cache, **kwargs):
         config = self.config
         batch_size = input_ids.size(0)
-        inputs_embeds = self.decoder.wte(input_ids)
+        inputs_embeds = self.decoder.get_input_embeddings()(input_ids)
         with_memory = latent_z is not None and config.latent_as_gpt_memory
         if latent_z is not None:
             if latent_z.size(0) != batch_size:
@@ -408,7 +449,7 @@ class OptimusForSequenceClassification(OptimusPreTrainedModel):
     def __init__(self, config: OptimusConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.encoder = BertModel(config.encoder, add_pooling_layer=True)
+        self._build_encoder()
         self.to_latent = nn.Linear(config.encoder.hidden_size, 2 * config.latent_size, bias=False)
         dropout = config.classifier_dropout
         self.dropout = nn.Dropout(config.encoder.hidden_dropout_prob if dropout is None else dropout)
@@ -417,11 +458,11 @@ class OptimusForSequenceClassification(OptimusPreTrainedModel):
         self.classifier = nn.Linear(feature_size, config.num_labels)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.encoder.embeddings.word_embeddings
+    def get_input_embeddings(self) -> nn.Module:
+        return self.encoder.get_input_embeddings()
 
     def set_input_embeddings(self, value: nn.Module) -> None:
-        self.encoder.embeddings.word_embeddings = value
+        self.encoder.set_input_embeddings(value)
 
     def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
                                 mean_resizing: bool = True) -> nn.Embedding:
@@ -448,6 +489,7 @@ class OptimusForSequenceClassification(OptimusPreTrainedModel):
         encoder_outputs = self._encode(input_ids, attention_mask, token_type_ids,
                                        **self._output_flags(output_attentions, output_hidden_states))
         feature = encoder_outputs.pooler_output
+        assert feature is not None  # `_encode` always sets the sentence feature
         if self.config.classifier_feature == "latent_mean":
             feature = self.to_latent(feature).chunk(2, -1)[0]
         if self.config.freeze_encoder:

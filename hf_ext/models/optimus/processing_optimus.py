@@ -1,4 +1,5 @@
-"""Processor pairing Optimus' two tokenizers: BERT WordPiece for the encoder, GPT-2 BPE for the decoder."""
+"""Processor pairing Optimus' two tokenizers: the encoder's (BERT WordPiece in the original) and the decoder's
+(GPT-2 BPE in the original)."""
 
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -9,23 +10,34 @@ from transformers import BatchEncoding, PreTrainedTokenizerBase, ProcessorMixin
 DECODER_SPECIAL_TOKENS = {"pad_token": "<PAD>", "bos_token": "<BOS>", "eos_token": "<EOS>"}
 
 
+def check_decoder_special_tokens(decoder_tokenizer: PreTrainedTokenizerBase) -> None:
+    """`ValueError` with one line unless the decoder tokenizer has pad, BOS and EOS tokens, three different ones: the
+    loss skips pads (an EOS that were the pad would never be learnt) and decoding stops at the first EOS (a BOS that
+    were the EOS would end every text before it starts)."""
+    missing = [name for name in ("pad_token", "bos_token", "eos_token") if getattr(decoder_tokenizer, name) is None]
+    if missing:
+        raise ValueError(f"the decoder tokenizer has no {', '.join(missing)}: use add_decoder_special_tokens()")
+    ids = {name: getattr(decoder_tokenizer, f"{name}_id") for name in ("pad_token", "bos_token", "eos_token")}
+    if len(set(ids.values())) < 3:
+        raise ValueError(f"the decoder tokenizer's pad, BOS and EOS tokens must differ, got ids {ids['pad_token']}, "
+                         f"{ids['bos_token']}, {ids['eos_token']}: use add_decoder_special_tokens()")
+
+
 class OptimusProcessor(ProcessorMixin):
     r"""
     Builds both sides of an Optimus batch from raw text and decodes generated ids.
 
     Args:
-        tokenizer: the encoder's BERT tokenizer (saved at the folder root, so `AutoTokenizer` finds it).
-        decoder_tokenizer: the decoder's GPT-2 tokenizer with `<PAD>`, `<BOS>`, `<EOS>` added in that order
-            (saved in `decoder_tokenizer/`).
+        tokenizer: the encoder's tokenizer (saved at the folder root, so `AutoTokenizer` finds it).
+        decoder_tokenizer: the decoder's tokenizer, with a pad, a BOS and an EOS token, three different ones (the
+            original adds `<PAD>`, `<BOS>`, `<EOS>` in that order to GPT-2's; saved in `decoder_tokenizer/`).
     """
 
     decoder_tokenizer: PreTrainedTokenizerBase  # set by ProcessorMixin.__init__, as `tokenizer` is
 
     def __init__(self, tokenizer=None, decoder_tokenizer=None, **kwargs):
-        missing = [name for name, tok in (("<PAD>", "pad_token"), ("<BOS>", "bos_token"), ("<EOS>", "eos_token"))
-                   if decoder_tokenizer is not None and getattr(decoder_tokenizer, tok) is None]
-        if missing:
-            raise ValueError(f"the decoder tokenizer lacks {', '.join(missing)}: use add_decoder_special_tokens()")
+        if decoder_tokenizer is not None:
+            check_decoder_special_tokens(decoder_tokenizer)
         super().__init__(tokenizer, decoder_tokenizer, **kwargs)
 
     @staticmethod
@@ -81,4 +93,4 @@ class OptimusProcessor(ProcessorMixin):
         return ["input_ids", "attention_mask", "labels"]
 
 
-__all__ = ["OptimusProcessor"]
+__all__ = ["OptimusProcessor", "check_decoder_special_tokens"]
