@@ -8,7 +8,9 @@ import runpy
 import pytest
 from conftest import REPO_ROOT, require_extra, run_script
 
-SCRIPTS = sorted(path for path in (REPO_ROOT / "reproductions").glob("*.py") if path.stem != "common")
+# the shared code, and the preparation of the Optimus backbones (a download into OUT_DIR, with no seeds or --quick)
+NOT_REPRODUCTIONS = {"common", "optimus_backbones"}
+SCRIPTS = sorted(path for path in (REPO_ROOT / "reproductions").glob("*.py") if path.stem not in NOT_REPRODUCTIONS)
 
 pytestmark = pytest.mark.slow  # whole scripts, end to end
 
