@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .arguments import report_targets
+from .arguments import fraction, positive_int, report_targets
 from .errors import HfExtError, one_line, redact, remote_code_refusal
 
 if TYPE_CHECKING:
@@ -89,6 +89,20 @@ def add_run_reporting_arguments(parser: argparse.ArgumentParser) -> None:
                         "either way, under a progress bar with the time left when stderr is a terminal")
 
 
+def add_lora_arguments(parser: argparse.ArgumentParser, rank_help: str) -> None:
+    """The LoRA options of a training command (`--lora-r`, whose help `rank_help` says what it adapts, `--lora-alpha`,
+    `--lora-dropout`); `check_lora_arguments` refuses the last two without the first."""
+    parser.add_argument("--lora-r", type=positive_int, help=rank_help)
+    parser.add_argument("--lora-alpha", type=float, help="LoRA scaling numerator (default 2 x --lora-r)")
+    parser.add_argument("--lora-dropout", type=fraction, default=0.0, help="dropout on the LoRA path (default 0)")
+
+
+def check_lora_arguments(args: argparse.Namespace) -> None:
+    """Refuse `--lora-alpha` or `--lora-dropout` without `--lora-r`."""
+    if args.lora_r is None and (args.lora_alpha is not None or args.lora_dropout):
+        raise HfExtError("--lora-alpha and --lora-dropout need --lora-r")
+
+
 def run_reporting_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The `TrainingArguments` of a training command's reporting: its `--report-to` trackers, and a progress bar
     when stderr is a terminal and the run is not `--quiet` (JSON log lines only otherwise, for logs and pipes)."""
@@ -132,7 +146,10 @@ def needs_the_hub(args: argparse.Namespace) -> bool:
     repo id). Every other command reads and writes local files only, so it runs with the Hub switched off."""
     if getattr(args, "command", None) == "push" or getattr(args, "push_to_hub", None):
         return True
-    models = [getattr(args, "model", None), *(getattr(args, "teacher", None) or [])]
+    # MODEL, each --teacher, and the arguments a command names in `model_arguments` (`hf-ext optimus init`'s
+    # ENCODER and DECODER)
+    models = [getattr(args, "model", None), *(getattr(args, "teacher", None) or []),
+              *(getattr(args, name) for name in getattr(args, "model_arguments", ()))]
     return any(isinstance(name, str) and not os.path.exists(name) for name in models)
 
 

@@ -56,11 +56,12 @@ NOT_SETTINGS = frozenset({"handler", "command", "verbosity", "token", "overwrite
 
 def write_training_card(folder: str | Path, output_dir: str | Path, args: argparse.Namespace, command: str,
                         base_model: str | None, log_history: list[dict[str, Any]],
-                        metrics: dict[str, Any] | None = None) -> ModelCard:
+                        metrics: dict[str, Any] | None = None, trainable: dict[str, Any] | None = None) -> ModelCard:
     """`folder/README.md` for a model a training command wrote into `folder` (the staging folder of its output
     `output_dir`): what it is, what it started from (`base_model`, None for fresh weights), the command and its settings
-    (`args`, but for `NOT_SETTINGS`), the steps and final training loss (from `log_history`), `metrics`, and how to
-    load it (a PEFT adapter on its base)."""
+    (`args`, but for `NOT_SETTINGS`), the steps and final training loss (from `log_history`), `metrics`, what of the
+    model trained (`trainable`: `trainable_parameters` of `parameters`, and what they are, `trained`) and how to load
+    it (a PEFT adapter on its base)."""
     from . import __version__
     from .models import MODELS
 
@@ -79,7 +80,7 @@ def write_training_card(folder: str | Path, output_dir: str | Path, args: argpar
                             base_model=None if base_model is None else _without_local_path(base_model),
                             hf_ext_version=__version__, command=command, settings=settings, steps=steps,
                             train_loss=losses[-1] if losses else None, metrics=sorted((metrics or {}).items()),
-                            adapter=(folder / "adapter_config.json").is_file(), repo_id=name)
+                            adapter=(folder / "adapter_config.json").is_file(), repo_id=name, trainable=trainable)
 
 
 def _optimizer_steps(log_history: list[dict[str, Any]]) -> int:

@@ -26,10 +26,12 @@ def lora_plan(model: PreTrainedModel) -> LoraPlan:
 
 def add_lora(model: PreTrainedModel, r: int = 8, lora_alpha: float = 16, lora_dropout: float = 0.0,
              target_modules: tuple[str, ...] | None = None,
-             modules_to_save: list[str] | None = None) -> "PeftModel":
+             modules_to_save: list[str] | None = None,
+             trainable_token_indices: list[int] | dict[str, list[int]] | None = None) -> "PeftModel":
     """Wrap `model` in LoRA adapters (`peft.get_peft_model`) on its type's targets (its entry's `LoraPlan`), or on
     `target_modules`; the type's `modules_to_save` (or the given ones) are trained in full and saved with the
-    adapter."""
+    adapter; `trainable_token_indices` are rows of the input embeddings (a list; a tied LM head follows them) or of
+    the named embedding layers (a dict) trained on their own."""
     from peft import LoraConfig, get_peft_model
 
     plan = lora_plan(model)
@@ -40,7 +42,7 @@ def add_lora(model: PreTrainedModel, r: int = 8, lora_alpha: float = 16, lora_dr
     # peft annotates lora_alpha as int, but scales by lora_alpha / r: a float alpha (hf-ext mtdnn --lora-alpha) works
     config = LoraConfig(task_type=plan.task_type(model), r=r, lora_alpha=lora_alpha,  # type: ignore[arg-type]
                         lora_dropout=lora_dropout, target_modules=targets, modules_to_save=saved or None,
-                        fan_in_fan_out=plan.fan_in_fan_out)
+                        fan_in_fan_out=plan.fan_in_fan_out, trainable_token_indices=trainable_token_indices)
     with quiet_peft():
         return get_peft_model(model, config)
 

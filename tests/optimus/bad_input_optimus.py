@@ -21,7 +21,9 @@ from bad_input import (
     shifted,
     to_dev_zero,
     truncate,
+    written,
 )
+from tiny_backbones import write_decoder, write_encoder
 
 ENCODER = "checkpoint-encoder-100"
 DECODER = "checkpoint-decoder-100"
@@ -151,4 +153,56 @@ COMMAND_CASES = {
         folder, tmp, lambda f: fifo(f / "config.json")), "a dog"], 1, "config.json"),
     "optimus encode of a folder with its own code": (
         lambda tmp, folder: ["optimus", "encode", foreign_code(tmp), "a dog"], 1, "only with --trust-remote-code"),
+    # hf-ext optimus init: backbones in the wrong role, without a key/value cache, with a tokenizer of another model
+    "init with an encoder given as the decoder": (
+        lambda tmp, folder: ["optimus", "init", write_encoder(tmp / "bert"), tmp / "bert", tmp / "out"], 1,
+        "is not one (an encoder given as the decoder?)"),
+    "init with a decoder given as the encoder": (
+        lambda tmp, folder: ["optimus", "init", write_decoder(tmp / "gpt2"), tmp / "gpt2", tmp / "out"], 1,
+        "is not one (a decoder given as the encoder?)"),
+    "init with a decoder without a key/value cache": (
+        lambda tmp, folder: ["optimus", "init", write_encoder(tmp / "bert"), write_decoder(tmp / "mamba", "mamba"),
+                             tmp / "out"], 1, "the decoder 'mamba' keeps no key/value cache in every layer"),
+    "init with latent size 0": (
+        lambda tmp, folder: ["optimus", "init", write_encoder(tmp / "bert"), write_decoder(tmp / "gpt2"),
+                             tmp / "out", "--latent-size", "0"], 2, "argument --latent-size: must be at least 1"),
+    "init with an encoder tokenizer larger than its model's vocabulary": (
+        lambda tmp, folder: ["optimus", "init", write_encoder(tmp / "bert", vocab_size=50),
+                             write_decoder(tmp / "gpt2"), tmp / "out"], 1,
+        "its tokenizer has 191 tokens but its model only 50 embeddings"),
+    "init with a decoder tokenizer larger than its model's vocabulary": (
+        lambda tmp, folder: ["optimus", "init", write_encoder(tmp / "bert"),
+                             write_decoder(tmp / "gpt2", vocab_size=200), tmp / "out"], 1,
+        "its tokenizer has 301 tokens but its model only 200 embeddings"),
+    "init with the pooler of an encoder without one": (
+        lambda tmp, folder: ["optimus", "init", write_encoder(tmp / "modernbert", "modernbert"),
+                             write_decoder(tmp / "gpt2"), tmp / "out", "--encoder-pooling", "pooler"], 1,
+        "its checkpoint has no pretrained pooler: choose the 'cls' or 'mean' encoder pooling"),
+    "init with a backbone path that names no folder": (
+        lambda tmp, folder: ["optimus", "init", tmp / "nothing", "org/decoder", tmp / "out"], 2,
+        "argument encoder: no folder named"),
+    # hf-ext optimus train with frozen or LoRA backbones
+    "LoRA on an encoder without the attention projections LoRA adapts": (
+        lambda tmp, folder: ["optimus", "train", initialised(tmp, "distilbert", "gpt2"), "--train-file",
+                             written(tmp / "t.txt", "a dog runs .\n"), "--output-dir", tmp / "out", "--lora-r", "4",
+                             "--lora-on", "encoder"], 1,
+        "LoRA on the encoder: the distilbert architecture has none of the attention projections hf-ext adapts"),
+    "--lora-on without --lora-r": (
+        lambda tmp, folder: ["optimus", "train", folder, "--train-file", written(tmp / "t.txt", "a dog runs .\n"),
+                             "--output-dir", tmp / "out", "--lora-on", "decoder"], 1, "--lora-on needs --lora-r"),
+    "--lora-alpha without --lora-r": (
+        lambda tmp, folder: ["optimus", "train", folder, "--train-file", written(tmp / "t.txt", "a dog runs .\n"),
+                             "--output-dir", tmp / "out", "--lora-alpha", "8"], 1,
+        "--lora-alpha and --lora-dropout need --lora-r"),
 }
+
+
+def initialised(tmp, encoder, decoder):
+    """An Optimus folder `hf-ext optimus init` built from tiny `encoder` and `decoder` backbones."""
+    from hf_ext.models.optimus.backbones import optimus_from_backbones
+
+    model, processor = optimus_from_backbones(str(write_encoder(tmp / encoder, encoder)),
+                                              str(write_decoder(tmp / decoder, decoder)), latent_size=4)
+    model.save_pretrained(tmp / "init")
+    processor.save_pretrained(tmp / "init")
+    return tmp / "init"

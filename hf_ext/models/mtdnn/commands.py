@@ -6,7 +6,14 @@ import argparse
 import dataclasses
 
 from ...arguments import fraction, nonnegative_float, number_in, positive_float, positive_int
-from ...cli_utils import add_model_argument, add_run_reporting_arguments, model_commands, run_reporting_settings
+from ...cli_utils import (
+    add_lora_arguments,
+    add_model_argument,
+    add_run_reporting_arguments,
+    check_lora_arguments,
+    model_commands,
+    run_reporting_settings,
+)
 from ...errors import require
 from . import conversion
 from .configuration_mtdnn import SPAN_TASK_TYPES, max_input_length
@@ -99,11 +106,8 @@ def _add_training_arguments(parser):
     parser.add_argument("--metric-for-best-model", metavar="NAME",
                         help="keep the checkpoint best on this evaluation metric, e.g. mnli_matched_accuracy or "
                         "stsb_pearson (higher is better, lower for *_loss)")
-    parser.add_argument("--lora-r", type=positive_int,
-                        help="train LoRA adapters of this rank on the encoder instead of all "
-                        "weights; the heads are trained in full and saved with the adapter")
-    parser.add_argument("--lora-alpha", type=float, help="LoRA scaling numerator (default 2 x --lora-r)")
-    parser.add_argument("--lora-dropout", type=fraction, default=0.0, help="dropout on the LoRA path (default 0)")
+    add_lora_arguments(parser, "train LoRA adapters of this rank on the encoder instead of all weights; the heads "
+                       "are trained in full and saved with the adapter")
     parser.add_argument("--logging-steps", type=positive_int, default=50, help="steps per logged average (default 50)")
     smart = parser.add_argument_group("SMART adversarial training (the original's --adv_* options and defaults)")
     smart.add_argument("--adv-train", action="store_true",
@@ -155,8 +159,7 @@ def _pairs(values, option):
 
 
 def _check_arguments(args):
-    require(args.lora_r is not None or (args.lora_alpha is None and not args.lora_dropout),
-             "--lora-alpha and --lora-dropout need --lora-r")
+    check_lora_arguments(args)
     require(args.eval or not (args.metric_for_best_model or args.eval_steps),
              "--metric-for-best-model and --eval-steps need --eval data")
     train = _pairs(args.train, "--train")

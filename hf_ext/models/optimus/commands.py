@@ -5,6 +5,7 @@ import argparse
 import json
 
 import torch
+from transformers.utils import logging
 
 from ...arguments import (
     fraction,
@@ -15,11 +16,22 @@ from ...arguments import (
     probability,
     sentence,
 )
-from ...cli_utils import add_model_argument, add_run_reporting_arguments, model_commands, run_reporting_settings
+from ...cli_utils import (
+    add_lora_arguments,
+    add_model_argument,
+    add_run_reporting_arguments,
+    check_lora_arguments,
+    model_commands,
+    model_source,
+    run_reporting_settings,
+)
 from ...errors import require
 from . import conversion
+from .configuration_optimus import ENCODER_POOLINGS
 from .demo import add_demo_command
 from .loading import load_optimus
+
+logger = logging.get_logger(__name__)
 
 CHECKPOINTS_SUFFIX = "-checkpoints"  # OUTPUT_DIR-checkpoints/: the run's Trainer checkpoints, until it ends
 
@@ -58,6 +70,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     for name in ("a", "b", "c"):
         parser.add_argument(name, type=sentence, help=f"sentence {name}")
     parser.add_argument("--degree", type=float, default=1.0, help="how far to move (default 1.0)")
+    _register_init(tools)
     _register_training_tools(tools)
     add_demo_command(tools)
     add_demo_command(commands)  # the shortcut `hf-ext demo`
@@ -107,6 +120,50 @@ def _analogy(args, space):
     print(space.analogy(args.a, args.b, args.c, args.degree))
 
 
+# ----- building from pretrained backbones ----------------------------------------------------------------------------
+
+def _register_init(tools):
+    help_text = ("build an Optimus from a pretrained encoder and a pretrained causal language model (their weights "
+                 "and tokenizers; the latent parts freshly initialised, to be trained with `train`)")
+    parser = tools.add_parser("init", help=help_text, description=help_text)
+    parser.add_argument("encoder", type=model_source, help="the encoder: folder or Hub repo id of a bidirectional "
+                        "encoder (BERT, RoBERTa, DeBERTa-v2, ModernBERT, a sentence-transformers model, ...)")
+    parser.add_argument("decoder", type=model_source, help="the decoder: folder or Hub repo id of a decoder-only "
+                        "causal language model with a key/value cache (GPT-2, Llama, Qwen, Mistral, Gemma, ...)")
+    parser.add_argument("out", help="folder to write (must not exist unless --overwrite)")
+    parser.add_argument("--latent-size", type=positive_int, default=32, help="size of the latent code (default 32)")
+    parser.add_argument("--latent-as-gpt-memory", type=int, choices=(0, 1), default=1,
+                        help="1: the latent enters every decoder layer as a key/value memory slot (default 1)")
+    parser.add_argument("--latent-as-gpt-emb", type=int, choices=(0, 1), default=1,
+                        help="1: the latent is added to every token embedding of the decoder (default 1)")
+    parser.add_argument("--encoder-pooling", choices=ENCODER_POOLINGS,
+                        help="the encoder's sentence feature (default: a sentence-transformers model's own mean or "
+                        "CLS pooling, else the encoder's pooler where its checkpoint has one, else mean)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed of the latent projections and the added token embeddings (default 0)")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    # ENCODER and DECODER may be Hub repo ids: the command may reach the Hub for them (hf_ext.cli_utils.needs_the_hub)
+    parser.set_defaults(handler=_init, model_arguments=("encoder", "decoder"))
+
+
+def _init(args):
+    from ...output import atomic_output_dir, check_output_dir
+    from .backbones import optimus_from_backbones, write_backbones_card
+
+    check_output_dir(args.out, args.overwrite)
+    model, processor = optimus_from_backbones(
+        args.encoder, args.decoder, latent_size=args.latent_size, latent_as_gpt_memory=bool(args.latent_as_gpt_memory),
+        latent_as_gpt_emb=bool(args.latent_as_gpt_emb), encoder_pooling=args.encoder_pooling, seed=args.seed)
+    with atomic_output_dir(args.out, args.overwrite) as staging:
+        model.save_pretrained(staging)
+        processor.save_pretrained(staging)
+        write_backbones_card(staging, args.out, model, processor, args.encoder, args.decoder)
+    decoder_tokenizer = processor.decoder_tokenizer
+    print(json.dumps({"output_dir": str(args.out), "parameters": model.num_parameters(),
+                      "encoder_pooling": model.config.encoder_pooling,
+                      **{name: getattr(decoder_tokenizer, name) for name in ("pad_token", "bos_token", "eos_token")}}))
+
+
 # ----- training and evaluation --------------------------------------------------------------------------------------
 
 def _register_training_tools(tools):
@@ -147,6 +204,15 @@ def _register_training_tools(tools):
                         "the same command again resumes from the newest complete checkpoint there; the folder is "
                         "removed when the run ends")
     parser.add_argument("--plot", action="store_true", help="also write training_curves.png (needs matplotlib)")
+    backbones = parser.add_argument_group("frozen and LoRA backbones (the latent projections always train)")
+    backbones.add_argument("--freeze-encoder", action="store_true", help="do not train the encoder's weights")
+    backbones.add_argument("--freeze-decoder", action="store_true",
+                           help="do not train the decoder's weights (its LM head and token embeddings included)")
+    add_lora_arguments(backbones, "train only LoRA adapters of this rank on the attention of the chosen backbones, "
+                       "the latent projections and the embeddings of the decoder's added <PAD>/<BOS>/<EOS>; the "
+                       "adapters are merged into the saved model")
+    backbones.add_argument("--lora-on", choices=("encoder", "decoder", "both"),
+                           help="the backbones LoRA adapts (default both); a backbone without adapters is frozen")
 
     parser = model_tool("evaluate", "the paper's language-modelling metrics on a text file, as JSON: perplexity "
                         "(importance-weighted), -ELBO, KL, mutual information, active units", _evaluate)
@@ -175,15 +241,25 @@ def _train(args):
     import shutil
     from pathlib import Path
 
+    from peft import PeftModel
+
     from ...hub import write_training_card
     from ...output import atomic_output_dir, check_output_dir
     from ...plots import require_matplotlib
     from ...trainer import print_summary, save_training_run
     from .plots import plot_training_curves
-    from .training import DEFAULT_RATIO_INCREASE, DEFAULT_RATIO_ZERO, finetune_optimus, load_text_dataset
+    from .training import (
+        DEFAULT_RATIO_INCREASE,
+        DEFAULT_RATIO_ZERO,
+        finetune_optimus,
+        freeze_or_adapt,
+        load_text_dataset,
+    )
 
     ratio_zero = DEFAULT_RATIO_ZERO if args.ratio_zero is None else args.ratio_zero
     ratio_increase = DEFAULT_RATIO_INCREASE if args.ratio_increase is None else args.ratio_increase
+    check_lora_arguments(args)
+    require(args.lora_r is not None or args.lora_on is None, "--lora-on needs --lora-r")
     check_output_dir(args.output_dir, args.overwrite)
     if args.plot:
         require_matplotlib()
@@ -194,24 +270,34 @@ def _train(args):
         if getattr(args, name) is not None:
             setattr(config, name, getattr(args, name))
     model.beta = config.beta
+    max_length = _max_length(args, config)
+    freeze = [backbone for backbone in ("encoder", "decoder") if getattr(args, f"freeze_{backbone}")]
+    lora_on = [] if args.lora_r is None else [args.lora_on] if args.lora_on in ("encoder", "decoder") \
+        else ["encoder", "decoder"]
+    trained, trainable = freeze_or_adapt(model, processor, freeze, lora_on, lora_r=args.lora_r or 0,
+                                         lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout)
+    logger.info(f"training {trainable.trainable:,} of {trainable.total:,} parameters ({trainable.fraction:.2%}): "
+                f"{trainable.what}")
 
     checkpoints = Path(f"{args.output_dir}{CHECKPOINTS_SUFFIX}")
     with atomic_output_dir(args.output_dir, args.overwrite) as staging:
         trainer = finetune_optimus(
-            model, processor, dataset, checkpoints, max_steps=args.max_steps, batch_size=args.batch_size,
+            trained, processor, dataset, checkpoints, max_steps=args.max_steps, batch_size=args.batch_size,
             learning_rate=args.learning_rate, n_cycles=args.n_cycles, ratio_zero=ratio_zero,
             ratio_increase=ratio_increase, logging_steps=args.logging_steps, seed=args.seed,
-            max_length=_max_length(args, config), log_to_stderr=True, save_steps=args.save_steps,
+            max_length=max_length, log_to_stderr=True, save_steps=args.save_steps,
             **run_reporting_settings(args),
         )
-        save_training_run(staging, trainer, processor)
+        # LoRA merged: the folder holds a plain Optimus model, as without LoRA
+        save_training_run(staging, trainer, processor,
+                          model=trained.merge_and_unload() if isinstance(trained, PeftModel) else trained)
         write_training_card(staging, args.output_dir, args, "hf-ext optimus train", args.model,
-                            trainer.state.log_history)
+                            trainer.state.log_history, trainable=trainable.as_dict())
         if args.plot:
             plot_training_curves(trainer.state.log_history, staging / "training_curves.png",
                                  title=f"Optimus fine-tuning on {args.train_file}")
     shutil.rmtree(checkpoints, ignore_errors=True)
-    print_summary(args.output_dir, trainer)
+    print_summary(args.output_dir, trainer, **trainable.as_dict())
 
 
 def _evaluate(args):

@@ -6,18 +6,23 @@ The schedules follow ChunyuanLI/Optimus `code/examples/big_ae/utils.py` (`frange
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 from transformers import PrinterCallback, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.pytorch_utils import Conv1D
 from transformers.utils import ModelOutput, logging
 
 from ...errors import HfExtError
-from ...lora import unwrap
+from ...lora import add_lora, unwrap
+from ...registration import ENCODER_ATTENTION
 from ...trainer import TermLoggingTrainer, last_complete_checkpoint, send_logs_to_stderr, training_arguments
 from . import kl_divergence
+from .backbones import LATENT_MODULES, added_decoder_token_ids
+from .configuration_optimus import DECODER_ATTENTION
 from .modeling_optimus import OptimusModel
 from .processing_optimus import OptimusProcessor
 
@@ -30,7 +35,9 @@ logger = logging.get_logger(__name__)
 # Original training defaults (`run_lm_vae_training.py` argparse)
 DEFAULT_RATIO_INCREASE = 0.25
 DEFAULT_RATIO_ZERO = 0.25
-
+BACKBONES = ("encoder", "decoder")
+# the attention projections LoRA adapts in each backbone, by their names in the architectures hf-ext knows
+LORA_TARGETS = {"encoder": ENCODER_ATTENTION, "decoder": DECODER_ATTENTION}
 
 
 def frange_cycle_zero_linear(n_iter: int, start: float = 0.0, stop: float = 1.0, n_cycle: int = 4,
@@ -71,6 +78,80 @@ def _optimus_model(model: torch.nn.Module | None) -> OptimusModel:
     if model is None:
         raise ValueError("the beta schedule needs the model, which Trainer passes to its callbacks")
     return cast(OptimusModel, unwrap(model))
+
+
+@dataclass(frozen=True)
+class TrainableParameters:
+    """How much of a model a run trains: `trainable` parameters (LoRA's included) against the `total` of the model
+    itself (without adapters), and what trains, in words (`what`)."""
+
+    trainable: int
+    total: int
+    what: str
+
+    @property
+    def fraction(self) -> float:
+        return self.trainable / self.total
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"trainable_parameters": self.trainable, "parameters": self.total,
+                "trainable_fraction": round(self.fraction, 6), "trained": self.what}
+
+
+def lora_targets(model: OptimusModel, backbone: str) -> list[str]:
+    """The full names of the attention projections of `backbone` ("encoder" or "decoder") that LoRA adapts (its
+    modules named as `LORA_TARGETS` lists them); one `HfExtError` line when its architecture has none."""
+    known = LORA_TARGETS[backbone]
+    names = [name for name, module in model.named_modules() if name.startswith(f"{backbone}.")
+             and name.rsplit(".", 1)[-1] in known and isinstance(module, torch.nn.Linear | Conv1D)]
+    if not names:
+        raise HfExtError(f"LoRA on the {backbone}: the {getattr(model.config, backbone).model_type} architecture has "
+                         f"none of the attention projections hf-ext adapts ({', '.join(known)})")
+    return names
+
+
+def freeze_or_adapt(model: OptimusModel, processor: OptimusProcessor, freeze: Sequence[str] = (),
+                    lora_on: Sequence[str] = (), lora_r: int = 8, lora_alpha: float | None = None,
+                    lora_dropout: float = 0.0) -> tuple["OptimusModel | PeftModel", TrainableParameters]:
+    """What of `model` trains. Without LoRA, everything but the backbones in `freeze` ("encoder", "decoder"; the
+    decoder with its LM head): the latent projections always train. With LoRA on the backbones `lora_on` (rank
+    `lora_r`, scaling `lora_alpha`, 2 x the rank by default), only PEFT's adapters on their attention projections
+    (`lora_targets`), the latent projections (trained in full) and the embeddings of the decoder's added tokens
+    (`<PAD>`, `<BOS>`, `<EOS>`, which no pretraining has learnt: PEFT's trainable tokens) train: both backbones' own
+    weights are frozen. Returns the model to train (a `PeftModel` with LoRA: `merge_and_unload()` gives the
+    `OptimusModel` back) and what it trains."""
+    unknown = sorted((set(freeze) | set(lora_on)) - set(BACKBONES))
+    if unknown:
+        raise ValueError(f"backbones are {BACKBONES}, got {unknown}")
+    total = model.num_parameters()
+    trained: OptimusModel | PeftModel
+    if lora_on:
+        token_ids = added_decoder_token_ids(processor.decoder_tokenizer)
+        embeddings = next(name for name, module in model.named_modules() if module is model.get_input_embeddings())
+        # PEFT trains a tied LM head's rows with the embeddings' (a list names the input embeddings); an untied head
+        # is named beside them
+        tokens = None if not token_ids else token_ids if model.config.tie_word_embeddings else \
+            {embeddings: token_ids, "lm_head": token_ids}
+        targets = [name for backbone in BACKBONES if backbone in lora_on for name in lora_targets(model, backbone)]
+        trained = add_lora(model, r=lora_r, lora_alpha=lora_alpha or 2 * lora_r, lora_dropout=lora_dropout,
+                           target_modules=tuple(targets), modules_to_save=list(LATENT_MODULES),
+                           trainable_token_indices=tokens)
+        token_names = processor.decoder_tokenizer.convert_ids_to_tokens(token_ids)
+        tokens_text = f" and the embeddings of {', '.join(f'`{name}`' for name in token_names)}" if token_ids else ""
+        what = (f"LoRA adapters (rank {lora_r}) on the attention of the {' and the '.join(lora_on)}, the latent "
+                f"projections{tokens_text}; the backbones' own weights frozen (the adapters merged into the saved "
+                "weights)")
+    else:
+        for backbone in freeze:
+            modules = [model.encoder] if backbone == "encoder" else [model.decoder, model.lm_head]
+            for module in modules:
+                module.requires_grad_(False)
+        trained = model
+        kept = [f"the {backbone}" for backbone in BACKBONES if backbone not in freeze]
+        what = ", ".join([*kept, "the latent projections"]) + \
+            (f"; the {' and the '.join(freeze)} frozen" if freeze else "")
+    count = sum(parameter.numel() for parameter in trained.parameters() if parameter.requires_grad)
+    return trained, TrainableParameters(count, total, what)
 
 
 class BetaScheduleCallback(TrainerCallback):
@@ -230,5 +311,5 @@ def finetune_optimus(model: "OptimusModel | PeftModel", processor: OptimusProces
     return trainer
 
 
-__all__ = ["BetaScheduleCallback", "OptimusDataCollator", "OptimusTrainer", "finetune_optimus", "frange_cycle_linear",
-           "frange_cycle_zero_linear", "load_text_dataset"]
+__all__ = ["BetaScheduleCallback", "OptimusDataCollator", "OptimusTrainer", "TrainableParameters", "finetune_optimus",
+           "freeze_or_adapt", "frange_cycle_linear", "frange_cycle_zero_linear", "load_text_dataset", "lora_targets"]
