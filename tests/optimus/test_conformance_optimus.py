@@ -71,7 +71,9 @@ class TestOptimusModel(OptimusTester, GenerationConformance):
 class TestOptimusModelOnModernBertAndLlama(TestOptimusModel):
     """The same checks on other backbones (issue #27): a ModernBERT encoder, which has no pooler (the posterior reads
     the first token's state), and a Llama decoder, with rotary positions and 4 query heads sharing 2 key/value heads
-    (the memory holds one key per key/value head). The one skip is the BERT + GPT-2 class's, for the same reason."""
+    (the memory holds one key per key/value head). It skips what the BERT + GPT-2 class skips, for the same
+    reasons: gradient checkpointing (named in `not_applicable`, inherited) and the checks that word their own skip
+    (no sequence classifier, no base-model submodule, no `inputs_embeds`)."""
 
     def config(self, **overrides):
         encoder = ModernBertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,

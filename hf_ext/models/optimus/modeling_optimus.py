@@ -9,7 +9,9 @@ config, exactly as in the original code:
   lets every token see it. Rotary decoders store keys rotated by their position; the memory's position is 0, whose
   rotation is the identity, so the memory key is stored as it is and each token sees it at its own distance (rotary
   attention depends on distances only, so starting the tokens at 1 changes nothing among them). In a sliding-window
-  layer the memory is the token at position 0: it leaves the window as that token would;
+  layer the memory is the token at position 0: it leaves the window as that token would (sliding layers count cache
+  slots, which left padding puts between the memory and a row's tokens: left-padded rows are refused once the
+  sequence outgrows the window);
 - embedding: `latent_to_embedding(z)` is added to every token embedding.
 """
 
