@@ -3,8 +3,9 @@ concern them."""
 
 import torch
 from conformance import GenerationConformance, ModelConformance
+from transformers import LlamaConfig, ModernBertConfig
 
-from hf_ext import OptimusForSequenceClassification, OptimusModel
+from hf_ext import OptimusConfig, OptimusForSequenceClassification, OptimusModel
 from hf_ext.models.optimus.samples import tiny_config
 
 BATCH, ENCODER_LENGTH, DECODER_LENGTH = 2, 7, 6
@@ -50,12 +51,13 @@ class TestOptimusModel(OptimusTester, GenerationConformance):
         return inputs
 
     def output_shapes(self, config, inputs, outputs, kind):
-        decoder = config.decoder
+        decoder = config.decoder  # the common names, GPT-2's own through its attribute map
         shapes = self.encoder_shapes(config, kind, "encoder_")
         if kind == "hidden_states":
-            shapes["hidden_states"] = [(BATCH, DECODER_LENGTH, decoder.n_embd)] * (decoder.n_layer + 1)
+            shapes["hidden_states"] = [(BATCH, DECODER_LENGTH, decoder.hidden_size)] * (decoder.num_hidden_layers + 1)
         else:  # the keys start with the latent memory slot
-            shapes["attentions"] = [(BATCH, decoder.n_head, DECODER_LENGTH, DECODER_LENGTH + 1)] * decoder.n_layer
+            shapes["attentions"] = ([(BATCH, decoder.num_attention_heads, DECODER_LENGTH, DECODER_LENGTH + 1)]
+                                    * decoder.num_hidden_layers)
         return shapes
 
     def generation_inputs(self, model):
@@ -64,6 +66,25 @@ class TestOptimusModel(OptimusTester, GenerationConformance):
 
     def next_token_logits(self, model, generation_inputs, sequences):
         return model(decoder_input_ids=sequences, latent_z=generation_inputs["latent_z"]).logits[:, -1]
+
+
+class TestOptimusModelOnModernBertAndLlama(TestOptimusModel):
+    """The same checks on other backbones (issue #27): a ModernBERT encoder, which has no pooler (the posterior reads
+    the first token's state), and a Llama decoder, with rotary positions and 4 query heads sharing 2 key/value heads
+    (the memory holds one key per key/value head). It skips what the BERT + GPT-2 class skips, for the same
+    reasons: gradient checkpointing (named in `not_applicable`, inherited) and the checks that word their own skip
+    (no sequence classifier, no base-model submodule, no `inputs_embeds`)."""
+
+    def config(self, **overrides):
+        encoder = ModernBertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                   intermediate_size=32, global_attn_every_n_layers=1, local_attention=16,
+                                   pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+        # biases on the attention projections (as Qwen2's): the load check drops a bias, and the rest is bias-free
+        decoder = LlamaConfig(vocab_size=DECODER_BASE_VOCAB + 3, hidden_size=16, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
+                              max_position_embeddings=64, attention_bias=True, pad_token_id=PAD, bos_token_id=BOS,
+                              eos_token_id=EOS)
+        return OptimusConfig(encoder=encoder, decoder=decoder, latent_size=8, encoder_pooling="cls", **overrides)
 
 
 class TestOptimusForSequenceClassification(OptimusTester):

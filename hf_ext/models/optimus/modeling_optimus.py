@@ -9,7 +9,9 @@ config, exactly as in the original code:
   lets every token see it. Rotary decoders store keys rotated by their position; the memory's position is 0, whose
   rotation is the identity, so the memory key is stored as it is and each token sees it at its own distance (rotary
   attention depends on distances only, so starting the tokens at 1 changes nothing among them). In a sliding-window
-  layer the memory is the token at position 0: it leaves the window as that token would;
+  layer the memory is the token at position 0: it leaves the window as that token would (sliding layers count cache
+  slots, which left padding puts between the memory and a row's tokens: left-padded rows are refused once the
+  sequence outgrows the window);
 - embedding: `latent_to_embedding(z)` is added to every token embedding.
 """
 
@@ -307,6 +309,8 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
 
         if decoder_input_ids is None:
             decoder_input_ids = labels
+        if use_cache is None:
+            use_cache = getattr(config.decoder, "use_cache", True)
         logits = None
         decoder_outputs = None
         if decoder_input_ids is not None:
@@ -341,6 +345,9 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
                 per_example = per_example + self.beta * loss_kl
             loss = per_example.mean()
 
+        # the memory cache is this model's own, and some decoders (Llama, Gemma 2) return it whatever use_cache says:
+        # returned without use_cache, generate() would hand it back and the next step would read its tokens twice
+        decoder_cache = getattr(decoder_outputs, CACHE_NAME) if decoder_outputs is not None and use_cache else None
         return OptimusOutput(
             loss=loss,
             loss_rec=loss_rec,
@@ -349,7 +356,7 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
             latent_z=latent_z,
             mean=mean,
             logvar=logvar,
-            **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME) if decoder_outputs is not None else None},
+            **{CACHE_NAME: decoder_cache},
             hidden_states=decoder_outputs.hidden_states if decoder_outputs is not None else None,
             attentions=decoder_outputs.attentions if decoder_outputs is not None else None,
             encoder_last_hidden_state=encoder_outputs.last_hidden_state if encoder_outputs is not None else None,
@@ -373,6 +380,7 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
         if attention_mask is not None:
             if with_memory:
                 attention_mask = torch.cat([attention_mask.new_ones(batch_size, 1), attention_mask], dim=1)
+                self._check_left_padding_within_the_window(attention_mask)
             if position_ids is None:
                 # count real tokens only, so left padding does not shift positions; the memory slot takes position 0
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -input_ids.size(1):]
@@ -385,6 +393,20 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
             return_dict=True,
             **kwargs,
         )
+
+    def _check_left_padding_within_the_window(self, attention_mask: torch.Tensor) -> None:
+        """`ValueError` for left-padded rows (the memory's mask column first) once the sequence outgrows a sliding
+        window: sliding layers count distances by cache index, and the padding sits between the memory (index 0) and
+        a padded row's tokens, so the memory would leave that row's window before it leaves the row's window alone."""
+        dec = self.config.decoder
+        window = getattr(dec, "sliding_window", None)
+        layer_types = getattr(dec, "layer_types", None)
+        if window is None or (layer_types is not None and "sliding_attention" not in layer_types):
+            return
+        if attention_mask.size(1) > window and bool((attention_mask[:, 1] == 0).any()):
+            raise ValueError(f"left padding past the decoder's sliding window of {window} positions: the latent "
+                             f"memory would leave a padded row's window early; decode rows of different lengths "
+                             f"apart, without padding")
 
     def _memory_slots(self) -> int:
         """How many positions of the decoder's cache the latent memory takes before the tokens (0 or 1)."""
