@@ -40,7 +40,8 @@ from datasets import Dataset
 from ernie2_continual import stdlib_corpus
 
 from hf_ext.models.optimus import OptimusLatentSpace
-from hf_ext.models.optimus.backbones import optimus_from_backbones
+from hf_ext.models.optimus.backbones import optimus_from_backbones, save_backbones_adapter
+from hf_ext.models.optimus.demo import ProgressLines
 from hf_ext.models.optimus.metrics import evaluate_optimus_lm, word_accuracy
 from hf_ext.models.optimus.tiny_backbones import write_decoder, write_encoder
 from hf_ext.models.optimus.training import finetune_optimus, freeze_or_adapt
@@ -97,7 +98,8 @@ def reconstruction(space: OptimusLatentSpace, sentences: list[str]) -> tuple[flo
                                                for s, o, a in zip(sentences, outputs, accuracies, strict=True)]
 
 
-def train_run(name, lora, learning_rate, encoder, decoder, texts, steps, seed, folder) -> dict:
+def train_run(name, lora, learning_rate, encoder, decoder, texts, steps, seed, folder, adapter=None) -> dict:
+    """One run from the two backbones; a LoRA run's adapter is saved to `adapter` (a folder) when given."""
     model, processor = optimus_from_backbones(encoder, decoder, latent_size=LATENT_SIZE, seed=seed, beta=BETA,
                                               dim_target_kl=DIM_TARGET_KL, fb_mode=1)
     trained, trainable = freeze_or_adapt(model, processor, lora_on=("encoder", "decoder") if lora else (),
@@ -109,8 +111,12 @@ def train_run(name, lora, learning_rate, encoder, decoder, texts, steps, seed, f
                                max_steps=steps, batch_size=BATCH_SIZE, learning_rate=learning_rate,
                                ratio_zero=RATIO_ZERO, ratio_increase=RATIO_INCREASE,
                                logging_steps=max(1, steps // 30), warmup_steps=steps // 10, seed=seed,
-                               max_length=MAX_LENGTH, print_logs=False, disable_tqdm=True)
+                               max_length=MAX_LENGTH, print_logs=False, disable_tqdm=True,
+                               callbacks=[ProgressLines(started, max(1, steps // 10))])
     seconds = time.perf_counter() - started
+    if lora and adapter is not None:
+        # the backbones by their folder names (optimus_backbones.py's), not this machine's paths
+        save_backbones_adapter(trained, adapter, Path(encoder).name, Path(decoder).name)
     model = (trained.merge_and_unload() if lora else trained).eval()
     space = OptimusLatentSpace(model, processor, max_new_tokens=MAX_LENGTH)
     held_out_accuracy, held_out_rows = reconstruction(space, texts["held_out"])
@@ -142,7 +148,8 @@ def run(args) -> dict:
         else:
             encoder, decoder = args.encoder, args.decoder
         runs = [train_run(name, lora, learning_rate, encoder, decoder, texts, steps, args.seed,
-                          Path(scratch) / f"run-{index}") for index, (name, lora, learning_rate) in enumerate(RUNS)]
+                          Path(scratch) / f"run-{index}", args.adapter)
+                for index, (name, lora, learning_rate) in enumerate(RUNS)]
     return {
         "backbones": {"encoder": "stand-in" if args.quick else Path(args.encoder).name,
                       "decoder": "stand-in" if args.quick else Path(args.decoder).name},
@@ -209,6 +216,8 @@ def draw(pyplot, results: dict, path: Path) -> None:
 
 def prepare(args) -> None:
     """The backbones: --encoder/--decoder, else the two folders of --backbones (not needed with --quick)."""
+    if args.adapter is not None and len(args.seeds or ([0] if args.quick else [0, 1, 2])) != 1:
+        raise SystemExit("--adapter keeps one run's adapter: give one seed (--seeds N)")
     if args.quick:
         return
     if args.backbones is None and (args.encoder is None or args.decoder is None):
@@ -223,4 +232,7 @@ if __name__ == "__main__":
     parser.add_argument("--backbones", help="the folder reproductions/optimus_backbones.py wrote")
     parser.add_argument("--encoder", help="the encoder (a folder or Hub id; default: in --backbones)")
     parser.add_argument("--decoder", help="the decoder (a folder or Hub id; default: in --backbones)")
+    parser.add_argument("--adapter", type=Path,
+                        help="save the LoRA run's adapter here (one seed only), from which "
+                             "optimus_from_backbones_and_adapter rebuilds the trained model")
     main(parser, run, tables, draw, prepare=prepare)

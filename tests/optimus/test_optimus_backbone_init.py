@@ -5,6 +5,7 @@ training what it builds with frozen or LoRA backbones (`hf-ext optimus train --f
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -299,3 +300,39 @@ def test_training_with_frozen_or_lora_backbones(built, tmp_path, capsys, repo_ro
     mean, _, _ = trained.eval().encode(batch["input_ids"], batch["attention_mask"])
     tokens = trained.generate(latent_z=mean, max_new_tokens=5, do_sample=False)
     assert tokens.shape[0] == 1 and 1 < tokens.shape[1] <= 6 and isinstance(processor.batch_decode(tokens)[0], str)
+
+
+@pytest.mark.slow
+def test_a_lora_run_ships_as_an_adapter_that_rebuilds_the_trained_model(backbones, tmp_path):
+    """`save_backbones_adapter` + `optimus_from_backbones_and_adapter`: the trained model again from the two
+    backbones and a folder a fraction of its size (LoRA weights, latent projections, the added tokens' rows)."""
+    from datasets import Dataset
+
+    from hf_ext.models.optimus.backbones import (
+        optimus_from_backbones,
+        optimus_from_backbones_and_adapter,
+        save_backbones_adapter,
+    )
+    from hf_ext.models.optimus.training import finetune_optimus, freeze_or_adapt
+
+    encoder, decoder = str(backbones / "bert"), str(backbones / "llama")
+    model, processor = optimus_from_backbones(encoder, decoder, latent_size=LATENT, encoder_pooling="mean", beta=0.5)
+    trained, _ = freeze_or_adapt(model, processor, lora_on=("encoder", "decoder"), lora_r=4)
+    texts = Path(SNLI_TRAIN).read_text(encoding="utf-8").splitlines()
+    finetune_optimus(trained, processor, Dataset.from_dict({"text": texts}), tmp_path / "run", max_steps=6,
+                     batch_size=8, learning_rate=1e-2, seed=0, max_length=32, print_logs=False, disable_tqdm=True)
+    save_backbones_adapter(trained, tmp_path / "adapter", encoder, decoder)
+    merged = trained.merge_and_unload().eval()
+    rebuilt, rebuilt_processor = optimus_from_backbones_and_adapter(tmp_path / "adapter")
+
+    batch = processor(texts[:4], max_length=32)
+    with torch.no_grad():
+        expected, got = merged(**batch), rebuilt(**rebuilt_processor(texts[:4], max_length=32))
+    assert torch.allclose(got.mean, expected.mean, atol=1e-5)
+    assert torch.allclose(got.logits, expected.logits, atol=1e-4)
+    # the run moved the model away from the backbones: the check compares trained weights, not the starting ones
+    untrained, _ = optimus_from_backbones(encoder, decoder, latent_size=LATENT, encoder_pooling="mean", beta=0.5)
+    with torch.no_grad():
+        assert not torch.allclose(untrained(**batch).logits, expected.logits, atol=1e-3)
+    adapter_bytes = sum(path.stat().st_size for path in (tmp_path / "adapter").iterdir())
+    assert adapter_bytes < 4 * rebuilt.num_parameters()  # less than the float32 model

@@ -10,7 +10,7 @@ anything.
 import copy
 import json
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -21,6 +21,9 @@ from ...loading import load_config, load_tokenizer, loading
 from .configuration_optimus import OptimusConfig, check_decoder, check_encoder
 from .modeling_optimus import OptimusModel
 from .processing_optimus import DECODER_SPECIAL_TOKENS, OptimusProcessor
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 logger = logging.get_logger(__name__)
 
@@ -180,6 +183,40 @@ def _default_pooling(source: str, pretrained_pooler: bool) -> str:
     return choice
 
 
+ADAPTER_SETTINGS = "optimus_backbones.json"
+# the settings `optimus_from_backbones` takes that shape the model an adapter was trained on
+REBUILD_SETTINGS = ("latent_size", "latent_as_gpt_memory", "latent_as_gpt_emb", "encoder_pooling", "beta", "fb_mode",
+                    "dim_target_kl", "length_weighted_loss")
+
+
+def save_backbones_adapter(model: "PeftModel", folder: str | Path, encoder: str, decoder: str) -> None:
+    """Save what a LoRA run on an Optimus built by `optimus_from_backbones` trained (PEFT's adapter: the LoRA
+    weights, the latent projections, the added tokens' embeddings) with the settings and the two backbones' names,
+    so that `optimus_from_backbones_and_adapter` rebuilds the trained model from the public backbones: a few
+    megabytes instead of the whole model."""
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    config = model.get_base_model().config
+    settings = {"encoder": encoder, "decoder": decoder, **{name: getattr(config, name) for name in REBUILD_SETTINGS}}
+    (folder / ADAPTER_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+
+
+def optimus_from_backbones_and_adapter(adapter: str | Path, encoder: str | None = None, decoder: str | None = None,
+                                       ) -> tuple[OptimusModel, OptimusProcessor]:
+    """The Optimus model a LoRA run trained, rebuilt from its two backbones (the names `save_backbones_adapter`
+    recorded, or `encoder` / `decoder`: other copies of the same models) and the `adapter` folder, the adapter
+    merged into the weights."""
+    from peft import PeftModel
+
+    with loading("the Optimus adapter", str(adapter)):
+        settings = json.loads((Path(adapter) / ADAPTER_SETTINGS).read_text(encoding="utf-8"))
+    model, processor = optimus_from_backbones(encoder or settings.pop("encoder"), decoder or settings.pop("decoder"),
+                                              **{name: settings[name] for name in REBUILD_SETTINGS})
+    with loading("the Optimus adapter", str(adapter)):
+        adapted = PeftModel.from_pretrained(model, str(adapter))
+    return cast(OptimusModel, adapted.merge_and_unload()).eval(), processor
+
+
 def write_backbones_card(folder: str | Path, out: str | Path, model: OptimusModel, processor: OptimusProcessor,
                          encoder: str, decoder: str) -> None:
     """`folder/README.md` (the staging folder of the output `out`) for a model `optimus_from_backbones` built: the
@@ -211,4 +248,5 @@ def write_backbones_card(folder: str | Path, out: str | Path, model: OptimusMode
 
 
 __all__ = ["added_decoder_token_ids", "decoder_tokens_to_add", "optimus_from_backbones",
-           "sentence_transformers_pooling", "write_backbones_card"]
+           "optimus_from_backbones_and_adapter", "save_backbones_adapter", "sentence_transformers_pooling",
+           "write_backbones_card"]
