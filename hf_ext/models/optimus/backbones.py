@@ -195,7 +195,7 @@ def save_backbones_adapter(model: "PeftModel", folder: str | Path, encoder: str,
     so that `optimus_from_backbones_and_adapter` rebuilds the trained model from the public backbones: a few
     megabytes instead of the whole model."""
     folder = Path(folder)
-    model.save_pretrained(folder)
+    model.save_pretrained(str(folder))
     config = model.get_base_model().config
     settings = {"encoder": encoder, "decoder": decoder, **{name: getattr(config, name) for name in REBUILD_SETTINGS}}
     (folder / ADAPTER_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")

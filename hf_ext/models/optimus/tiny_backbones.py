@@ -6,6 +6,7 @@ real-backbone reproduction's `--quick` run stands them in for the real models.""
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, BertTokenizer, GPT2Tokenizer
@@ -28,14 +29,14 @@ DECODER_TYPE_SIZES = {
 }
 # the special tokens of real model families: GPT-2's one <|endoftext|> for BOS and EOS and no pad; Llama/SmolLM2's
 # own BOS and EOS with the EOS as pad; Qwen2's EOS as pad and no BOS
-SPECIAL_TOKENS = {
+SPECIAL_TOKENS: dict[str, dict[str, str | None]] = {
     "gpt2": dict(bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token=None),
     "llama": dict(bos_token="<s>", eos_token="</s>", pad_token="</s>"),
     "qwen2": dict(bos_token=None, eos_token="<|endoftext|>", pad_token="<|endoftext|>"),
 }
 
 
-def write_encoder(folder: Path, model_type: str = "bert", seed: int = 0, **config) -> Path:
+def write_encoder(folder: Path, model_type: str = "bert", seed: int = 0, **config: Any) -> Path:
     """A BERT-vocabulary tokenizer (pad id 0) and a random `model_type` encoder of a size that fits it."""
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = BertTokenizer(vocab=str(train_bert_vocab(bundled_sentences(), tmp)))
@@ -53,14 +54,15 @@ def write_encoder(folder: Path, model_type: str = "bert", seed: int = 0, **confi
 
 
 def write_decoder(folder: Path, model_type: str = "gpt2", seed: int = 0, tokens: str | None = None,
-                  **config) -> Path:
+                  **config: Any) -> Path:
     """A byte-level BPE tokenizer with the special tokens of the family `tokens` (`SPECIAL_TOKENS`; `model_type`'s
     own by default) and a random `model_type` causal language model whose vocabulary is the tokenizer's."""
     with tempfile.TemporaryDirectory() as tmp:
         train_gpt2_bpe(bundled_sentences(), tmp, vocab_size=300)
         special = SPECIAL_TOKENS[tokens or (model_type if model_type in SPECIAL_TOKENS else "llama")]
+        # no unknown token, as byte-level BPE needs none (GPT2Tokenizer's annotation asks for one)
         tokenizer = GPT2Tokenizer(vocab=str(Path(tmp) / "vocab.json"), merges=str(Path(tmp) / "merges.txt"),
-                                  unk_token=None, **special)
+                                  unk_token=None, **special)  # type: ignore[arg-type]
     ids = {name.replace("_token", "_token_id"): getattr(tokenizer, f"{name}_id") for name in special}
     sizes = DECODER_TYPE_SIZES.get(model_type, DECODER_SIZES)
     decoder_config = AutoConfig.for_model(model_type, **{**sizes, "vocab_size": len(tokenizer), **ids, **config})
