@@ -56,9 +56,9 @@ HELD_OUT_DOCSTRINGS = 40  # beside SNLI's 40 test sentences
 RUNS = (("frozen + LoRA", True, 1e-3), ("full fine-tuning", False, 1e-4))
 LATENT_SIZE = 32
 LORA_RANK = 8
-STEPS, QUICK_STEPS = 300, 8
-BATCH_SIZE = 16
-MAX_LENGTH = 32
+STEPS, QUICK_STEPS = 200, 8
+BATCH_SIZE = 8
+MAX_LENGTH = 24
 # the original's fine-tuning recipe for pretrained backbones: beta 0.5 at most, free bits of 0.5 nats per dimension,
 # one cycle (beta 0 for its first quarter, a ramp over the second)
 BETA, DIM_TARGET_KL = 0.5, 0.5
