@@ -25,7 +25,7 @@ them held out. Measured on the held-out sentences and on as many training ones: 
 interpolations and prior samples shown; trainable parameters and seconds.
 
     python reproductions/optimus_backbones.py ~/.cache/hf-ext/backbones
-    python reproductions/optimus_real_backbones.py --backbones ~/.cache/hf-ext/backbones --seeds 0 --threads 2 \\
+    python reproductions/optimus_real_backbones.py --backbones ~/.cache/hf-ext/backbones --seeds 0 --threads 1 \\
         --output reproductions/results/optimus_real_backbones.json --plot docs/images/optimus_real_backbones.png
 """
 
