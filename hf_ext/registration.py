@@ -80,9 +80,14 @@ class CustomPipeline:
         return not self.model_classes or model_class is None or issubclass(model_class, self.model_classes)
 
     def register(self, task: str) -> None:
-        """Register the pipeline as `task` with transformers' `PIPELINE_REGISTRY` (`pipeline(task, model=...)`)."""
+        """Register the pipeline as `task` with transformers' `PIPELINE_REGISTRY` (`pipeline(task, model=...)`). A
+        task already registered, as transformers' own (`feature-extraction`), is left alone: registering it would
+        replace the stock pipeline for every model; the folders' `custom_pipelines` map it to this pipeline for
+        their model."""
         from transformers.pipelines import PIPELINE_REGISTRY
 
+        if task in PIPELINE_REGISTRY.get_supported_tasks():
+            return
         PIPELINE_REGISTRY.register_pipeline(task, pipeline_class=self.pipeline_class, type=self.type,
                                             pt_model=tuple(getattr(transformers, name) for name in self.auto_classes))
 

@@ -1,6 +1,6 @@
 """Optimus: encoder -> Gaussian latent -> causal decoder (Li et al., EMNLP 2020: BERT -> GPT-2)."""
 
-from ...registration import ENCODER_ATTENTION, LoraPlan, ModelEntry
+from ...registration import ENCODER_ATTENTION, CustomPipeline, LoraPlan, ModelEntry
 from .configuration_optimus import DECODER_ATTENTION, OptimusConfig
 from .latent_space import OptimusLatentSpace
 from .modeling_optimus import (
@@ -11,6 +11,12 @@ from .modeling_optimus import (
     kl_divergence,
     kl_per_dimension,
     reconstruction_loss,
+)
+from .pipeline_optimus import (
+    FEATURE_TASK,
+    GENERATION_TASK,
+    OptimusFeatureExtractionPipeline,
+    OptimusTextGenerationPipeline,
 )
 from .processing_optimus import OptimusProcessor
 
@@ -34,8 +40,14 @@ ENTRY = ModelEntry(
     app="app",
     app_summary="Optimus' latent space (reconstruct, interpolate, analogy, sample, a map of the posterior means)",
     export_onnx="export_onnx",
+    # the stock task names, served by Optimus' own pipelines in the folders of the model with a decoder (the
+    # classifier's folders keep transformers' text-classification)
+    pipelines={task: CustomPipeline(pipeline_class, ("AutoModel",), "text", model_classes=(OptimusModel,))
+               for task, pipeline_class in ((GENERATION_TASK, OptimusTextGenerationPipeline),
+                                            (FEATURE_TASK, OptimusFeatureExtractionPipeline))},
 )
 
 __all__ = ["ENTRY", "OptimusConfig",
-           "OptimusForSequenceClassification", "OptimusLatentSpace", "OptimusModel", "OptimusOutput",
+           "OptimusFeatureExtractionPipeline", "OptimusForSequenceClassification", "OptimusLatentSpace", "OptimusModel",
+           "OptimusOutput", "OptimusTextGenerationPipeline",
            "OptimusPreTrainedModel", "OptimusProcessor", "kl_divergence", "kl_per_dimension", "reconstruction_loss"]

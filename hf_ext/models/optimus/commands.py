@@ -148,6 +148,8 @@ def _register_init(tools):
 
 def _init(args):
     from ...output import atomic_output_dir, check_output_dir
+    from ...registration import add_custom_pipelines
+    from . import ENTRY
     from .backbones import optimus_from_backbones, write_backbones_card
 
     check_output_dir(args.out, args.overwrite)
@@ -155,6 +157,7 @@ def _init(args):
         args.encoder, args.decoder, latent_size=args.latent_size, latent_as_gpt_memory=bool(args.latent_as_gpt_memory),
         latent_as_gpt_emb=bool(args.latent_as_gpt_emb), encoder_pooling=args.encoder_pooling, seed=args.seed)
     with atomic_output_dir(args.out, args.overwrite) as staging:
+        add_custom_pipelines(staging, model.config, ENTRY.pipelines, type(model))
         model.save_pretrained(staging)
         processor.save_pretrained(staging)
         write_backbones_card(staging, args.out, model, processor, args.encoder, args.decoder)

@@ -216,6 +216,18 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
         self.lm_head = new_embeddings
 
+    def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> None:
+        """`PreTrainedModel.save_pretrained`, and where the config names Optimus' pipelines in `custom_pipelines` (a
+        model loaded from a folder hf-ext wrote), the pipelines' code beside the model's, so that the new folder
+        runs them as remote code too."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if getattr(self.config, "custom_pipelines", None):
+            from transformers.dynamic_module_utils import custom_object_save
+
+            from .pipeline_optimus import OptimusTextGenerationPipeline
+
+            custom_object_save(OptimusTextGenerationPipeline, str(save_directory))  # the file holds both pipelines
+
     # ----- latent space -------------------------------------------------------------------------------------------
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
