@@ -25,7 +25,7 @@ them held out. Measured on the held-out sentences and on as many training ones: 
 interpolations and prior samples shown; trainable parameters and seconds.
 
     python reproductions/optimus_backbones.py ~/.cache/hf-ext/backbones
-    python reproductions/optimus_real_backbones.py --backbones ~/.cache/hf-ext/backbones --seeds 0 --threads 1 \\
+    python reproductions/optimus_real_backbones.py --backbones ~/.cache/hf-ext/backbones --threads 1 --steps 5000 \\
         --output reproductions/results/optimus_real_backbones.json --plot docs/images/optimus_real_backbones.png
 """
 
@@ -141,7 +141,7 @@ def train_run(name, lora, learning_rate, encoder, decoder, texts, steps, seed, f
 
 def run(args) -> dict:
     texts = corpus(args.seed, args.quick)
-    steps = QUICK_STEPS if args.quick else STEPS
+    steps = QUICK_STEPS if args.quick else args.steps
     with tempfile.TemporaryDirectory() as scratch:
         if args.quick:
             encoder, decoder = stand_in_backbones(Path(scratch))
@@ -232,6 +232,9 @@ if __name__ == "__main__":
     parser.add_argument("--backbones", help="the folder reproductions/optimus_backbones.py wrote")
     parser.add_argument("--encoder", help="the encoder (a folder or Hub id; default: in --backbones)")
     parser.add_argument("--decoder", help="the decoder (a folder or Hub id; default: in --backbones)")
+    parser.add_argument("--steps", type=int, default=STEPS,
+                        help=f"training steps of each run (default {STEPS}: what two CPU cores train in about ten "
+                             "minutes a run, not enough to learn to reconstruct; a GPU affords thousands)")
     parser.add_argument("--adapter", type=Path,
                         help="save the LoRA run's adapter here (one seed only), from which "
                              "optimus_from_backbones_and_adapter rebuilds the trained model")
