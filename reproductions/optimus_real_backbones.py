@@ -26,7 +26,7 @@ interpolations and prior samples shown; trainable parameters and seconds.
 
     python reproductions/optimus_backbones.py ~/.cache/hf-ext/backbones
     python reproductions/optimus_real_backbones.py --backbones ~/.cache/hf-ext/backbones --threads 1 --steps 5000 \\
-        --output reproductions/results/optimus_real_backbones.json --plot docs/images/optimus_real_backbones.png
+        --output optimus_real_backbones.json --plot optimus_real_backbones.png
 """
 
 import random
