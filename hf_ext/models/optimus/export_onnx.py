@@ -1,11 +1,15 @@
 """Optimus to ONNX (`hf-ext export onnx`) as two graphs, and generation on ONNX Runtime.
 
-- `encoder.onnx`: BERT ids, mask and segment ids -> the posterior's `mean` and `logvar`.
-- `decoder.onnx`: one decoding step. GPT-2 ids (the prompt, then one new token per step), `latent_z` and the key/value
-  cache of the tokens so far (`past_key_<i>`, `past_value_<i>` per layer, `[batch, heads, past, head_dim]`, empty at
-  the first step) -> `logits` of every given position and the grown cache (`present_key_<i>`, `present_value_<i>`).
-  The latent memory slot is computed from `latent_z` inside the graph at every step (one small projection), so the
-  cache holds tokens only; positions follow the cache's length, the memory slot taking position 0 as in PyTorch.
+- `encoder.onnx`: the encoder's ids, mask and, for encoders with segment embeddings (BERT's, not ModernBERT's),
+  segment ids -> the posterior's `mean` and `logvar`.
+- `decoder.onnx`: one decoding step. Decoder ids (the prompt, then one new token per step), `latent_z` and the
+  key/value cache of the tokens so far (`past_key_<i>`, `past_value_<i>` per layer, `[batch, key/value heads, past,
+  head_dim]`: fewer heads than the attention's with grouped-query attention; empty at the first step) -> `logits` of
+  every given position and the grown cache (`present_key_<i>`, `present_value_<i>`). The latent memory slot is
+  computed from `latent_z` inside the graph at every step (one small projection), so the cache holds tokens only;
+  positions follow the cache's length, the memory slot taking position 0 as in PyTorch (rotary decoders rotate the
+  tokens' keys by their positions 1, 2, ...). The cache keeps every token: a decoder with sliding windows masks what
+  lies outside its window instead of dropping it, which gives the same logits.
 
 `OptimusOnnx` runs them: encode text, and greedy or sampled decoding from latents, as `OptimusLatentSpace` does in
 PyTorch."""
@@ -20,8 +24,9 @@ from transformers import AutoModel, PretrainedConfig
 from transformers.cache_utils import DynamicCache
 
 from ...errors import HfExtError
-from ...loading import loading
+from ...loading import load_config, loading
 from ...onnx_export import TEXT_AXES, TEXT_INPUTS, ExportPlan, Inputs, OnnxGraph, session, text_inputs
+from .configuration_optimus import decoder_head_dim, decoder_heads
 from .modeling_optimus import CACHE_NAME, OptimusModel
 
 if TYPE_CHECKING:
@@ -39,6 +44,17 @@ def cache_names(prefix: str, num_layers: int) -> list[str]:
     return [f"{prefix}_{kind}_{layer}" for layer in range(num_layers) for kind in ("key", "value")]
 
 
+def cache_shape(decoder: PretrainedConfig) -> tuple[int, int, int]:
+    """(layers, key/value heads, head size) of the decoder's cache."""
+    return decoder.num_hidden_layers, decoder_heads(decoder)[1], decoder_head_dim(decoder)
+
+
+def encoder_input_names(model: OptimusModel) -> list[str]:
+    """The encoder graph's inputs: segment ids only for an encoder that reads them (the model drops them otherwise,
+    and a graph input nothing reads would be no input of the exported graph)."""
+    return TEXT_INPUTS if model.encoder_reads_segments else TEXT_INPUTS[:2]
+
+
 class OptimusEncoderGraph(nn.Module):
     """Text -> the posterior's mean and log-variance."""
 
@@ -47,7 +63,7 @@ class OptimusEncoderGraph(nn.Module):
         self.model = model
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         mean, logvar, _ = self.model.encode(input_ids, attention_mask, token_type_ids)
         return mean, logvar
 
@@ -63,8 +79,12 @@ class OptimusDecoderStep(nn.Module):
     def forward(self, input_ids: torch.Tensor, latent_z: torch.Tensor, *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
         model = self.model
         memory = model.config.latent_as_gpt_memory
-        cache = model.memory_cache(latent_z) if memory else DynamicCache(config=model.config.decoder)
-        for layer in range(model.config.decoder.n_layer):
+        # a cache of full layers whatever the decoder's: a sliding-window layer would drop the oldest slot (the
+        # memory first), and this graph's present would lose its layout; the decoder's sliding mask still applies
+        cache = DynamicCache()
+        if memory:
+            model.memory_cache(latent_z, cache)
+        for layer in range(model.config.decoder.num_hidden_layers):
             cache.update(past[2 * layer], past[2 * layer + 1], layer)
         out = model(decoder_input_ids=input_ids, latent_z=latent_z, cache=cache, use_cache=True)
         cache = getattr(out, CACHE_NAME)
@@ -79,8 +99,9 @@ def plan(source: str, config: PretrainedConfig, task: str, trust_remote_code: bo
     with loading("an Optimus model", source):
         model = AutoModel.from_pretrained(source, trust_remote_code=trust_remote_code).eval()
     encoder, decoder = config.encoder, config.decoder
-    head_dim = decoder.n_embd // decoder.n_head
-    past_names = cache_names("past", decoder.n_layer)
+    num_layers, key_value_heads, head_dim = cache_shape(decoder)
+    past_names = cache_names("past", num_layers)
+    encoder_graph_inputs = encoder_input_names(model)
 
     def encoder_inputs(dims: dict[str, int], generator: torch.Generator) -> Inputs:
         return text_inputs(dims, generator, encoder.vocab_size, encoder.pad_token_id or 0, pairs=False)
@@ -90,17 +111,17 @@ def plan(source: str, config: PretrainedConfig, task: str, trust_remote_code: bo
         inputs = {"input_ids": torch.randint(decoder.vocab_size, (batch, dims["sequence"]), generator=generator),
                   "latent_z": torch.randn(batch, config.latent_size, generator=generator)}
         for name in past_names:
-            inputs[name] = torch.randn(batch, decoder.n_head, dims["past"], head_dim, generator=generator)
+            inputs[name] = torch.randn(batch, key_value_heads, dims["past"], head_dim, generator=generator)
         return inputs
 
     cache_axes = {0: "batch", 2: "past"}
     return ExportPlan(model=model, task=task, graphs=[
-        OnnxGraph(name="encoder", module=OptimusEncoderGraph(model), input_names=TEXT_INPUTS,
-                  output_names=["mean", "logvar"], dynamic_axes=dict.fromkeys(TEXT_INPUTS, TEXT_AXES),
+        OnnxGraph(name="encoder", module=OptimusEncoderGraph(model), input_names=encoder_graph_inputs,
+                  output_names=["mean", "logvar"], dynamic_axes=dict.fromkeys(encoder_graph_inputs, TEXT_AXES),
                   make_inputs=encoder_inputs, export_dims={"batch": 2, "sequence": 12},
                   check_dims=[{"batch": 2, "sequence": 12}, {"batch": 3, "sequence": 7}]),
         OnnxGraph(name="decoder", module=OptimusDecoderStep(model), input_names=["input_ids", "latent_z", *past_names],
-                  output_names=["logits", *cache_names("present", decoder.n_layer)],
+                  output_names=["logits", *cache_names("present", num_layers)],
                   dynamic_axes={"input_ids": TEXT_AXES, "latent_z": {0: "batch"},
                                 **dict.fromkeys(past_names, cache_axes)},
                   make_inputs=decoder_inputs, export_dims={"batch": 2, "sequence": 3, "past": 4},
@@ -118,20 +139,17 @@ class OptimusOnnx:
     (greedy, or sampling with a temperature), `decode`/`reconstruct` text with the folder's processor."""
 
     def __init__(self, folder: str | Path, quantized: bool = False):
-        import json
-
         folder = Path(folder)
         suffix = "_int8" if quantized else ""
         self.encoder = session(folder / f"encoder{suffix}.onnx")
         self.decoder = session(folder / f"decoder{suffix}.onnx")
-        with loading("an Optimus config", folder):
-            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        decoder = config["decoder"]
-        self.num_layers, self.num_heads = decoder["n_layer"], decoder["n_head"]
-        self.head_dim = decoder["n_embd"] // decoder["n_head"]
-        self.bos_token_id, self.eos_token_id = decoder["bos_token_id"], decoder["eos_token_id"]
-        self.pad_token_id = decoder.get("pad_token_id")
-        self.max_positions = decoder["n_positions"] - int(config.get("latent_as_gpt_memory", True))
+        self.encoder_inputs = [node.name for node in self.encoder.get_inputs()]
+        config = load_config(str(folder), "optimus", "an Optimus model")
+        decoder = config.decoder
+        self.num_layers, self.key_value_heads, self.head_dim = cache_shape(decoder)
+        self.bos_token_id, self.eos_token_id = decoder.bos_token_id, decoder.eos_token_id
+        self.pad_token_id = decoder.pad_token_id
+        self.max_positions = config.max_decoder_tokens
         self.folder = folder
         self._processor: OptimusProcessor | None = None
 
@@ -150,7 +168,7 @@ class OptimusOnnx:
         ids = batch["input_ids"].astype(np.int64)
         inputs = {"input_ids": ids, "attention_mask": batch["attention_mask"].astype(np.int64),
                   "token_type_ids": np.zeros_like(ids)}
-        mean, logvar = self.encoder.run(None, inputs)
+        mean, logvar = self.encoder.run(None, {name: inputs[name] for name in self.encoder_inputs})
         return mean, logvar
 
     def generate(self, latent_z: np.ndarray, max_new_tokens: int = 32, do_sample: bool = False,
@@ -164,7 +182,7 @@ class OptimusOnnx:
         batch = latent_z.shape[0]
         rng = np.random.default_rng(seed)
         tokens = np.full((batch, 1), self.bos_token_id, dtype=np.int64)
-        past = {name: np.zeros((batch, self.num_heads, 0, self.head_dim), dtype=np.float32)
+        past = {name: np.zeros((batch, self.key_value_heads, 0, self.head_dim), dtype=np.float32)
                 for name in cache_names("past", self.num_layers)}
         finished = np.zeros(batch, dtype=bool)
         filler = self.eos_token_id if self.pad_token_id is None else self.pad_token_id
