@@ -66,22 +66,27 @@ def test_generation_loop_gives_the_original_greedy_tokens(exported, optimus_tiny
     assert np.array_equal(first, quantized.generate(ref["gen_z"].numpy(), max_new_tokens=5, do_sample=True, seed=3))
 
 
+def bundled_processor(folder):
+    """A processor whose tokenizers are trained on the bundled sentences, and the decoder's base vocabulary size."""
+    sentences = bundled_sentences()
+    train_bert_vocab(sentences, folder / "enc")
+    base = train_gpt2_bpe(sentences, folder / "dec")
+    gpt2 = GPT2Tokenizer(vocab=str(folder / "dec" / "vocab.json"), merges=str(folder / "dec" / "merges.txt"))
+    OptimusProcessor.add_decoder_special_tokens(gpt2)
+    return OptimusProcessor(tokenizer=BertTokenizer(vocab=str(folder / "enc" / "vocab.txt")),
+                            decoder_tokenizer=gpt2), base
+
+
 def test_text_round_trip_matches_pytorch_without_the_memory_slot(tmp_path):
     """Embedding-only injection (no memory slot in the cache), text through the exported folder's processor."""
-    sentences = bundled_sentences()
-    train_bert_vocab(sentences, tmp_path / "enc")
-    base = train_gpt2_bpe(sentences, tmp_path / "dec")
-    gpt2 = GPT2Tokenizer(vocab=str(tmp_path / "dec" / "vocab.json"), merges=str(tmp_path / "dec" / "merges.txt"))
-    OptimusProcessor.add_decoder_special_tokens(gpt2)
-    processor = OptimusProcessor(tokenizer=BertTokenizer(vocab=str(tmp_path / "enc" / "vocab.txt")),
-                                 decoder_tokenizer=gpt2)
+    processor, base = bundled_processor(tmp_path)
     config = tiny_config(len(processor.tokenizer), base, latent_size=8, hidden_size=32, num_layers=2, num_heads=4)
     config.latent_as_gpt_memory = False
     model = random_model(config, seed=1, scale=1.0).eval()
     model.save_pretrained(tmp_path / "model")
     processor.save_pretrained(tmp_path / "model")
     export_onnx(tmp_path / "model", tmp_path / "onnx")
-    texts = sentences[:3]
+    texts = bundled_sentences()[:3]
     expected = OptimusLatentSpace(model, processor, max_new_tokens=8).reconstruct(texts)
     runtime = OptimusOnnx(tmp_path / "onnx")
     np.testing.assert_allclose(runtime.encode(texts)[0], OptimusLatentSpace(model, processor).encode(texts)[0].numpy(),
@@ -166,13 +171,7 @@ def test_sliding_window_decoder_behind_an_encoder_without_segments(tmp_path):
     """ModernBERT (no segment embeddings: its graph has no token_type_ids input) and Mistral with a sliding window
     of 4, decoding well past it: a step on a cache longer than the window gives PyTorch's logits (the graph keeps
     every token and masks), and text goes in and out through the processor as in PyTorch."""
-    sentences = bundled_sentences()
-    train_bert_vocab(sentences, tmp_path / "enc")
-    base = train_gpt2_bpe(sentences, tmp_path / "dec")
-    gpt2 = GPT2Tokenizer(vocab=str(tmp_path / "dec" / "vocab.json"), merges=str(tmp_path / "dec" / "merges.txt"))
-    OptimusProcessor.add_decoder_special_tokens(gpt2)
-    processor = OptimusProcessor(tokenizer=BertTokenizer(vocab=str(tmp_path / "enc" / "vocab.txt")),
-                                 decoder_tokenizer=gpt2)
+    processor, base = bundled_processor(tmp_path)
     model = backbones_model("modernbert", "mistral", len(processor.tokenizer), base, sliding_window=4)
     model.save_pretrained(tmp_path / "model")
     processor.save_pretrained(tmp_path / "model")
@@ -195,7 +194,7 @@ def test_sliding_window_decoder_behind_an_encoder_without_segments(tmp_path):
     expected_logits, _ = pytorch_step(model, input_ids, latent_z)
     np.testing.assert_allclose(logits[:, -1], expected_logits[:, -1], atol=ATOL, rtol=0)
 
-    texts = sentences[:3]
+    texts = bundled_sentences()[:3]
     runtime = OptimusOnnx(tmp_path / "onnx")
     np.testing.assert_allclose(runtime.encode(texts)[0], OptimusLatentSpace(model, processor).encode(texts)[0].numpy(),
                                atol=ATOL, rtol=0)
