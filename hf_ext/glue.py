@@ -49,6 +49,8 @@ GLUE_LAYOUTS = {
     "wnli": GlueLayout("sentence1", "sentence2", "label"),
 }
 # MT-DNN's task names (qnnli: QNLI as ranking) and GLUE's folder names
+# GLUE on the Hub, whose task ids (configurations) are the keys of GLUE_LAYOUTS
+GLUE_HUB_DATASET = "nyu-mll/glue"
 GLUE_ALIASES = {"sst": "sst2", "sst-2": "sst2", "sts-b": "stsb", "qnnli": "qnli"}
 NO_GOLD_LABEL = "-"  # NLI rows whose annotators did not agree; the original skips them
 
@@ -66,6 +68,13 @@ def glue_task(name: str) -> str:
     spelling (`SST-2`, `sst`, `STS-B`, ...)."""
     glue_layout(name)  # one clear error for an unknown name
     return GLUE_ALIASES.get(name.lower(), name.lower())
+
+
+def glue_benchmark(name: str) -> tuple[str, str] | None:
+    """`(Hub dataset id, task id)` of GLUE's task `name` (any of `glue_task`'s spellings), None for a name that is
+    no GLUE task: where a model card records its evaluation results."""
+    key = GLUE_ALIASES.get(name.lower(), name.lower())
+    return (GLUE_HUB_DATASET, key) if key in GLUE_LAYOUTS else None
 
 
 def glue_task_spec(name: str) -> dict:

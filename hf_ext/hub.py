@@ -10,13 +10,23 @@ import json
 import re
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import HfApi, ModelCard, ModelCardData, constants
+import yaml
+from huggingface_hub import (
+    EvalResult,
+    EvalResultEntry,
+    HfApi,
+    ModelCard,
+    ModelCardData,
+    constants,
+    eval_result_entries_to_yaml,
+)
 from huggingface_hub.errors import HfHubHTTPError
 from transformers.utils import logging
 
@@ -50,18 +60,46 @@ def card_data(**kwargs: Any) -> ModelCardData:
     return ModelCardData(library_name="transformers", tags=tags, **kwargs)
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """Metrics a command measured on one dataset, as a card records them: a table on the page, the card's
+    `model-index` (which the Hub shows as the model's evaluation results), and, where the data is a Hub benchmark's
+    task (`benchmark`: its dataset id and task id, e.g. `("nyu-mll/glue", "sst2")`), an `.eval_results/` file with
+    the first of `metrics`, the Hub's newer format, which its leaderboards read."""
+
+    task_type: str  # the Hub's task of what was measured: text-classification, text-generation, ...
+    dataset: str  # what the data was, as the card names it (a local file by its name)
+    metrics: dict[str, float]
+    benchmark: tuple[str, str] | None = None
+    split: str | None = None  # which part of the dataset, where it has several (MNLI's matched and mismatched)
+
+
+# what `Trainer.evaluate` reports beside the metrics: the loss, and timing
+TRAINER_BOOKKEEPING = ("loss", "runtime", "samples_per_second", "steps_per_second", "epoch")
+
+
+def trainer_metrics(metrics: dict[str, float], prefix: str = "eval_") -> dict[str, float]:
+    """The metrics of a `Trainer.evaluate` result under their own names (`accuracy`, `f1`), in its order."""
+    return {name.removeprefix(prefix): value for name, value in metrics.items()
+            if name.startswith(prefix) and name.removeprefix(prefix) not in TRAINER_BOOKKEEPING}
+
+
+# the folder of a model repository whose YAML files the Hub reads as evaluation results
+EVAL_RESULTS_FOLDER = constants.EVAL_RESULTS_FOLDER
 # what a training command's card leaves out of its settings: the command's plumbing, and secrets
 NOT_SETTINGS = frozenset({"handler", "command", "verbosity", "token", "overwrite"})
 
 
 def write_training_card(folder: str | Path, output_dir: str | Path, args: argparse.Namespace, command: str,
                         base_model: str | None, log_history: list[dict[str, Any]],
-                        metrics: dict[str, Any] | None = None, trainable: dict[str, Any] | None = None) -> ModelCard:
+                        evaluations: Sequence[Evaluation] = (), trainable: dict[str, Any] | None = None,
+                        ) -> ModelCard:
     """`folder/README.md` for a model a training command wrote into `folder` (the staging folder of its output
     `output_dir`): what it is, what it started from (`base_model`, None for fresh weights), the command and its settings
-    (`args`, but for `NOT_SETTINGS`), the steps and final training loss (from `log_history`), `metrics`, what of the
-    model trained (`trainable`: `trainable_parameters` of `parameters`, and what they are, `trained`) and how to load
-    it (a PEFT adapter on its base)."""
+    (`args`, but for `NOT_SETTINGS`), the steps and final training loss (from `log_history`), the metrics measured
+    (`evaluations`: a table, `model-index` and `.eval_results/` files, see `Evaluation`), what of the model trained
+    (`trainable`: `trainable_parameters` of `parameters`, and what they are, `trained`) and how to load it (a PEFT
+    adapter on its base)."""
     from . import __version__
     from .models import MODELS
 
@@ -74,13 +112,44 @@ def write_training_card(folder: str | Path, output_dir: str | Path, args: argpar
     steps = _optimizer_steps(log_history)
     # a folder is no Hub model: the card's metadata names only a base on the Hub
     hub_base = base_model if base_model is not None and not _local_path(base_model) else None
-    data = card_data(tags=[config["model_type"]] if "model_type" in config else [], base_model=hub_base)
+    data = card_data(tags=[config["model_type"]] if "model_type" in config else [], base_model=hub_base,
+                     model_name=name, eval_results=[result for evaluation in evaluations
+                                                    for result in _model_index_results(evaluation)] or None)
+    write_eval_results_files(folder, evaluations, command)
     return write_model_card(folder, "training", data, model_name=name,
                             display_name=entry.display_name if entry else "transformers",
                             base_model=None if base_model is None else _without_local_path(base_model),
                             hf_ext_version=__version__, command=command, settings=settings, steps=steps,
-                            train_loss=losses[-1] if losses else None, metrics=sorted((metrics or {}).items()),
+                            train_loss=losses[-1] if losses else None,
+                            metrics=[(evaluation.dataset, metric, value) for evaluation in evaluations
+                                     for metric, value in evaluation.metrics.items()],
                             adapter=(folder / "adapter_config.json").is_file(), repo_id=name, trainable=trainable)
+
+
+def _model_index_results(evaluation: Evaluation) -> list[EvalResult]:
+    dataset_type, dataset_config = evaluation.benchmark or (evaluation.dataset, None)
+    return [EvalResult(task_type=evaluation.task_type, dataset_type=dataset_type, dataset_name=evaluation.dataset,
+                       dataset_config=dataset_config, dataset_split=evaluation.split, metric_type=metric,
+                       metric_value=value)
+            for metric, value in evaluation.metrics.items()]
+
+
+def write_eval_results_files(folder: Path, evaluations: Sequence[Evaluation], command: str) -> None:
+    """`folder/.eval_results/<task id>.yaml` for the evaluations on each Hub benchmark task: the first metric of each,
+    with a note naming the metric, the data and the command (the format has one score per entry)."""
+    entries: dict[str, list[EvalResultEntry]] = {}
+    for evaluation in evaluations:
+        if evaluation.benchmark is None or not evaluation.metrics:
+            continue
+        dataset_id, task_id = evaluation.benchmark
+        metric, value = next(iter(evaluation.metrics.items()))
+        entries.setdefault(task_id, []).append(EvalResultEntry(
+            dataset_id=dataset_id, task_id=task_id, value=value,
+            notes=f"{metric} on {evaluation.dataset}, measured by {command}"))
+    for task_id, task_entries in entries.items():
+        path = folder / EVAL_RESULTS_FOLDER / f"{task_id}.yaml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(yaml.safe_dump(eval_result_entries_to_yaml(task_entries), sort_keys=False), encoding="utf-8")
 
 
 def _optimizer_steps(log_history: list[dict[str, Any]]) -> int:
@@ -162,7 +231,8 @@ def model_name(source: str | Path) -> str:
 
 def publishable_files(folder: str | Path, skip_refused: bool = False) -> list[tuple[str, Path]]:
     """`(path in the repository, file to read)` of what `push` publishes from `folder`: its regular files, and links
-    to files inside it or in the Hub cache (read where they lead). Hidden files and folders (`.env`, `.git/`), links
+    to files inside it or in the Hub cache (read where they lead), and the `.eval_results/` folder of evaluation
+    results the Hub reads. Other hidden files and folders (`.env`, `.git/`), links
     that lead anywhere else (`notes.txt -> ~/.ssh/id_rsa`) and what is not a regular file are refused with one
     error naming them, or with `skip_refused` left out with a warning."""
     folder = Path(folder)
@@ -172,7 +242,9 @@ def publishable_files(folder: str | Path, skip_refused: bool = False) -> list[tu
     def walk(directory: Path, prefix: str, walking: frozenset) -> None:
         for entry in sorted(directory.iterdir()):
             name = f"{prefix}{entry.name}"
-            problem = "hidden" if entry.name.startswith(".") else link_problem(entry, roots)
+            evaluation_results = not prefix and entry.name == EVAL_RESULTS_FOLDER and not entry.is_symlink()
+            problem = "hidden" if entry.name.startswith(".") and not evaluation_results \
+                else link_problem(entry, roots)
             target = entry.resolve()
             if problem is not None:
                 refused.append(f"{name} ({problem})")
@@ -199,7 +271,13 @@ def card_for_repo(card: str, local_name: str, repo_id: str) -> str:
     `local_name`, as a card written without a Hub id says: `from_pretrained("NAME")` and `hf-ext ... NAME`."""
     quoted = card.replace(f'"{local_name}"', f'"{repo_id}"')
     command = re.compile(rf"(\bhf-ext(?: [a-z0-9-]+)+ ){re.escape(local_name)}(?![\w./-])")
-    return command.sub(lambda match: match.group(1) + repo_id, quoted)
+    published = command.sub(lambda match: match.group(1) + repo_id, quoted)
+    parsed = ModelCard(published, ignore_metadata_errors=True)
+    data = parsed.data
+    if isinstance(data, ModelCardData) and data.eval_results and data.model_name == local_name:
+        data.model_name = repo_id  # the model-index names the model
+        return str(parsed)
+    return published
 
 
 def push_folder(folder: str | Path, repo_id: str, token: str | None = None, private: bool = False,

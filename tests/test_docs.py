@@ -211,3 +211,27 @@ def test_the_page_checks_find_what_they_are_for():
                              "each task gets exactly its budget\nthe sentences entered in the session\n") == [
         "a second run, after the last changes of this session", "the paper's text was not re-read for this page",
         "most of the 20-minute budget", "measured on today's machine"]
+
+
+# a link to the project's own repository, as a page or a card gives it
+PROJECT_LINK = re.compile(r"https://github\.com/hf-ext/[\w.-]+")
+
+
+def project_links(text: str) -> set[str]:
+    return set(PROJECT_LINK.findall(text))
+
+
+def test_every_link_to_the_project_is_the_repository_setup_cfg_names():
+    import configparser
+
+    metadata = configparser.ConfigParser()
+    metadata.read(ROOT / "setup.cfg")
+    url = metadata["metadata"]["url"]
+    assert metadata["metadata"]["project_urls"].split("Source = ")[1].split()[0] == url
+    pages = [*USER_PAGES, *sorted((ROOT / "model_cards").glob("*.md"))]
+    found = {page.relative_to(ROOT).as_posix(): project_links(page.read_text(encoding="utf-8")) for page in pages}
+    assert url in found["README.md"]  # the quick start says where to clone from
+    wrong = {page: links - {url} for page, links in found.items() if links - {url}}
+    assert not wrong, f"links to another repository than setup.cfg's {url}: {wrong}"
+    assert project_links("[a](https://github.com/hf-ext/hf-ext) https://github.com/hf-ext/hf-ext-old") == {
+        "https://github.com/hf-ext/hf-ext", "https://github.com/hf-ext/hf-ext-old"}

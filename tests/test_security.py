@@ -103,6 +103,21 @@ def test_push_publishes_regular_files_and_links_inside_the_folder_or_the_hub_cac
                                             "  same_config.json (22 bytes)", "  tokenizer.json (14 bytes)"]
 
 
+def test_push_publishes_the_eval_results_folder_and_no_other_hidden_one(tmp_path, hub, capsys):
+    folder = careless_folder(tmp_path)
+    (folder / "notes.txt").unlink()
+    (folder / "README.md").write_text(CARD_METADATA + "# model\n")
+    (folder / ".eval_results").mkdir()
+    (folder / ".eval_results" / "sst2.yaml").write_text("- dataset: {id: nyu-mll/glue, task_id: sst2}\n  value: 0.9\n")
+    (folder / ".git").mkdir()
+    (folder / ".git" / "config").write_text("[core]\n")
+    assert cli_exit_code(["push", folder, "org/model", "--token", TOKEN, "--skip-refused"]) == 0
+    assert sorted(hub.files("org/model")) == [".eval_results/sst2.yaml", "README.md", "config.json",
+                                              "model.safetensors"]
+    assert {"warning: not publishing .env (hidden)", "warning: not publishing .git (hidden)"} <= \
+        set(capsys.readouterr().err.splitlines())
+
+
 def test_push_says_whether_the_repository_is_private(tmp_path, hub, capsys):
     folder = tmp_path / "model"
     folder.mkdir()

@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import PROCESS_TIMEOUT, REPO_ROOT, cli_exit_code
+from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from torch.nn import functional as F
 from transformers import (
@@ -769,5 +771,12 @@ def test_cli_pretrains_resumes_exports_and_finetunes(tmp_path, capsys, converted
     assert code == 0, stderr
     result = json.loads(stdout)
     assert set(result) >= {"eval_accuracy", "eval_f1"} and result["eval_accuracy"] in (0.0, 1.0)
+    card = ModelCard.load(tmp_path / "mrpc" / "README.md")
+    assert [(r.dataset_type, r.dataset_config, r.dataset_name, r.metric_type, r.metric_value)
+            for r in card.data.eval_results] == [("nyu-mll/glue", "mrpc", "MRPC (dev.tsv)", "accuracy",
+                                                  result["eval_accuracy"]),
+                                                 ("nyu-mll/glue", "mrpc", "MRPC (dev.tsv)", "f1", result["eval_f1"])]
+    assert yaml.safe_load((tmp_path / "mrpc" / ".eval_results" / "mrpc.yaml").read_text())[0]["value"] == \
+        result["eval_accuracy"]
     classifier = ErnieForSequenceClassification.from_pretrained(tmp_path / "mrpc")
     assert classifier.config.num_labels == 2 and (tmp_path / "mrpc" / "tokenizer.json").is_file()

@@ -1,6 +1,6 @@
-"""MT-DNN's custom pipeline (`pipeline_mtdnn.MTDNNPipeline`, task "mt-dnn"): from a folder hf-ext wrote, with hf-ext
-imported and in an interpreter without it (`trust_remote_code=True`), every head's prediction as the model computes
-it."""
+"""MT-DNN's custom pipelines (`pipeline_mtdnn.MTDNNPipeline`, task "mt-dnn", and `feature-extraction`): from a folder
+hf-ext wrote, with hf-ext imported and in an interpreter without it (`trust_remote_code=True`), every head's
+prediction as the model computes it, and the shared encoder's hidden states as features."""
 
 import json
 import subprocess
@@ -96,13 +96,15 @@ def check(predictions, expected):
 
 def test_the_folder_declares_the_pipeline_and_carries_its_code(folder):
     config = json.loads((folder / "config.json").read_text())
-    assert config["custom_pipelines"] == {"mt-dnn": {"impl": "pipeline_mtdnn.MTDNNPipeline", "pt": ["AutoModel"],
-                                                     "type": "text"}}
+    assert config["custom_pipelines"] == {
+        "mt-dnn": {"impl": "pipeline_mtdnn.MTDNNPipeline", "pt": ["AutoModel"], "type": "text"},
+        "feature-extraction": {"impl": "pipeline_mtdnn.MTDNNFeatureExtractionPipeline", "pt": ["AutoModel"],
+                               "type": "text"}}
     assert (folder / "pipeline_mtdnn.py").is_file()
 
 
 def test_every_head_s_prediction_is_the_model_s(folder):
-    predict = pipeline(model=str(folder), trust_remote_code=True)  # the task is inferred: the folder's only one
+    predict = pipeline("mt-dnn", model=str(folder), trust_remote_code=True)
     assert type(predict).__name__ == "MTDNNPipeline"
     predictions = predict({"text": QUESTION, "text_pair": CONTEXT})
     assert list(predictions) == ["sst", "nli", "sts", "qnli", "tags", "squad"]
@@ -121,7 +123,7 @@ def test_one_text_feeds_single_text_tasks_and_says_what_pair_tasks_need(folder):
 
 
 def test_one_task_and_a_list_of_inputs_batched(folder):
-    predict = pipeline(model=str(folder), trust_remote_code=True)
+    predict = pipeline("mt-dnn", model=str(folder), trust_remote_code=True)
     inputs = ["mary is playing .", {"text": QUESTION, "text_pair": CONTEXT}, "john went to paris ."]
     one_by_one = [predict(text) for text in inputs]
     check(one_by_one[1], expected_predictions(folder, QUESTION, CONTEXT))
@@ -134,7 +136,7 @@ def test_one_task_and_a_list_of_inputs_batched(folder):
 
 
 def test_an_unknown_task_or_input_is_one_line(folder):
-    predict = pipeline(model=str(folder), trust_remote_code=True)
+    predict = pipeline("mt-dnn", model=str(folder), trust_remote_code=True)
     with pytest.raises(ValueError, match=r"^unknown task 'mnli'; the model's tasks are sst, nli, sts, qnli, tags, "
                                          r"squad$"):
         predict("john went to paris .", task="mnli")
@@ -150,13 +152,35 @@ def test_text_classification_reads_the_default_task(folder):
                                    abs=1e-5)
 
 
+def test_feature_extraction_gives_the_encoder_s_hidden_states_not_a_head_s_logits(folder):
+    model = AutoModel.from_pretrained(folder, default_task="sst").eval()  # a default task: logits come first
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    extract = pipeline("feature-extraction", model=str(folder), trust_remote_code=True)
+    assert type(extract).__name__ == "MTDNNFeatureExtractionPipeline"
+    for text in (QUESTION, "mary is playing ."):
+        with torch.no_grad():
+            expected = model.encode(**tokenizer(text, return_tensors="pt")).last_hidden_state[0]
+        features = torch.tensor(extract(text)[0])
+        assert features.shape == expected.shape == (len(tokenizer(text)["input_ids"]), 16)
+        torch.testing.assert_close(features, expected, atol=1e-5, rtol=0)
+    # a loaded model gets it by name, as any custom pipeline class
+    from hf_ext.models.mtdnn import MTDNNFeatureExtractionPipeline
+
+    extract = pipeline("feature-extraction", model=model, tokenizer=tokenizer,
+                       pipeline_class=MTDNNFeatureExtractionPipeline)
+    torch.testing.assert_close(torch.tensor(extract("mary is playing .")[0]), features, atol=1e-5, rtol=0)
+    # without the folder's code, transformers says so instead of returning a head's logits
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        pipeline("feature-extraction", model=str(folder))
+
+
 @pytest.mark.slow
 def test_the_pipeline_runs_where_hf_ext_is_not_installed(folder, tmp_path):
     script = textwrap.dedent(f"""
         import json, sys
         sys.modules["hf_ext"] = None  # hf_ext must not be needed
         from transformers import pipeline
-        predict = pipeline(model={str(folder)!r}, trust_remote_code=True)
+        predict = pipeline("mt-dnn", model={str(folder)!r}, trust_remote_code=True)
         inputs = [{{"text": {QUESTION!r}, "text_pair": {CONTEXT!r}}}, "mary is playing ."]
         print(json.dumps(predict(inputs, batch_size=2)))
         """)

@@ -15,6 +15,7 @@ import scipy.stats
 import sklearn.metrics
 import torch
 from conftest import REPO_ROOT, run_torchrun
+from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from torch.nn import functional as F
 from transformers import (
@@ -576,6 +577,14 @@ def test_cli_trains_on_glue_files_from_a_bert_model_and_distils(bert_dir, tmp_pa
     losses = [e["eval_mnli_mismatched_loss"] for e in history if "eval_mnli_mismatched_loss" in e]
     assert summary["best_metric"] == pytest.approx(min(losses[:-1]))  # the last entry re-evaluates the best
     assert set(summary["eval"]) >= {"eval_mnli_matched_accuracy", "eval_mrpc_accuracy", "eval_mrpc_f1"}
+    # the card records the final evaluation: model-index, and the Hub's files for GLUE's tasks
+    card = ModelCard.load(out / "README.md")
+    recorded = {(r.dataset_config, r.dataset_split, r.metric_type): r.metric_value for r in card.data.eval_results}
+    assert recorded == {("mnli", "matched", "accuracy"): summary["eval"]["eval_mnli_matched_accuracy"],
+                        ("mnli", "mismatched", "accuracy"): summary["eval"]["eval_mnli_mismatched_accuracy"],
+                        ("mrpc", None, "accuracy"): summary["eval"]["eval_mrpc_accuracy"],
+                        ("mrpc", None, "f1"): summary["eval"]["eval_mrpc_f1"]}
+    assert sorted(path.name for path in (out / ".eval_results").iterdir()) == ["mnli.yaml", "mrpc.yaml"]
     # the saved model is the best one: evaluating it again gives the reported metrics
     tokenizer = BertTokenizer.from_pretrained(out)
     data = load_glue_tsv(GLUE / "MNLI" / "dev_mismatched.tsv", model.config, "mnli", tokenizer)

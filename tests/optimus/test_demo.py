@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from transformers import AutoModel
 
 from hf_ext.cli import main
@@ -51,6 +52,12 @@ def test_demo_runs_end_to_end(tmp_path, capsys, no_network):
     assert SUMMARY_FIELDS <= set(summary)
     assert [row["input"] for row in summary["reconstructions"]] == bundled_sentences()
     assert (workdir / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the fine-tuned model's card records what the demo measured of it
+    card = ModelCard.load(workdir / "finetuned" / "README.md")
+    recorded = {result.metric_type: result.metric_value for result in card.data.eval_results}
+    assert recorded["kl"] == summary["kl"] and recorded["active_units"] == summary["active_units"]
+    assert recorded["word_accuracy"] == pytest.approx(
+        sum(row["word_accuracy"] for row in summary["reconstructions"]) / len(summary["reconstructions"]))
     # a second run replaces its own folder, but a foreign folder is refused
     foreign = tmp_path / "foreign"
     foreign.mkdir()

@@ -180,7 +180,10 @@ def _export(args):
 
 
 def _finetune(args):
-    from ...hub import write_training_card
+    from pathlib import Path
+
+    from ...glue import glue_benchmark
+    from ...hub import Evaluation, trainer_metrics, write_training_card
     from ...output import check_output_dir
     from ...trainer import print_summary, training_output
     from .training import finetune_glue
@@ -193,6 +196,8 @@ def _finetune(args):
                                          eval_file=args.eval_file, task_id=args.task_id, max_length=args.max_length,
                                          log_to_stderr=True, trust_remote_code=args.trust_remote_code)
         trainer.save_model(staging)
+        evaluations = [Evaluation("text-classification", f"{args.task} ({Path(args.eval_file).name})",
+                                  trainer_metrics(metrics), glue_benchmark(args.task))] if metrics else []
         write_training_card(staging, args.output_dir, args, "hf-ext ernie2 finetune", args.model,
-                            trainer.state.log_history, metrics)
+                            trainer.state.log_history, evaluations)
     print_summary(args.output_dir, **metrics)

@@ -13,7 +13,7 @@ from .modeling_mtdnn import (
     premise_hypothesis_masks,
     task_loss,
 )
-from .pipeline_mtdnn import PIPELINE_TASK, MTDNNPipeline
+from .pipeline_mtdnn import FEATURE_TASK, PIPELINE_TASK, MTDNNFeatureExtractionPipeline, MTDNNPipeline
 
 ENTRY = ModelEntry(
     package=__name__,
@@ -31,9 +31,11 @@ ENTRY = ModelEntry(
     app="app",
     app_summary="MT-DNN's predictions of every task head",
     export_onnx="export_onnx",
-    pipelines={PIPELINE_TASK: CustomPipeline(MTDNNPipeline, ("AutoModel",), "text")},
+    pipelines={PIPELINE_TASK: CustomPipeline(MTDNNPipeline, ("AutoModel",), "text"),
+               FEATURE_TASK: CustomPipeline(MTDNNFeatureExtractionPipeline, ("AutoModel",), "text")},
 )
 
 __all__ = ["ENTRY", "MTDNNConfig", "MTDNNForQuestionAnswering", "MTDNNForSequenceClassification",
            "MTDNNForTokenClassification", "MTDNNModel", "MTDNNOutput",
-           "MTDNNPipeline", "MTDNNPreTrainedModel", "MTDNNSANStates", "premise_hypothesis_masks", "task_loss"]
+           "MTDNNFeatureExtractionPipeline", "MTDNNPipeline", "MTDNNPreTrainedModel", "MTDNNSANStates",
+           "premise_hypothesis_masks", "task_loss"]

@@ -77,7 +77,7 @@ def build_app(source: str, trust_remote_code: bool = False) -> "gr.Blocks":
         gr.Markdown(f"# MT-DNN: every task head\n`{name}`: {len(tasks)} tasks. Tasks that read a pair need the "
                     "second sentence; single-sentence and sequence-labeling tasks read the first alone; span tasks "
                     "answer the first (a question) from the second (a context). The same predictions in Python: "
-                    "`pipeline(model=folder, trust_remote_code=True)`.")
+                    "`pipeline(\"mt-dnn\", model=folder, trust_remote_code=True)`.")
         with gr.Row():
             sentence = gr.Textbox(label="sentence", elem_id="sentence", max_length=MAX_TEXT_CHARS, lines=1)
             second_sentence = gr.Textbox(label="second sentence (for pair tasks)", elem_id="second_sentence",

@@ -241,6 +241,31 @@ def _distill(args):
     _run(args, distill=True)
 
 
+# the Hub's task of each MT-DNN task type, as a card's evaluation results name it
+HUB_TASKS = {"sequence_labeling": "token-classification", "span_classification": "question-answering",
+             "span_classification_yn": "question-answering"}
+
+
+def _evaluations(config, eval_files, metrics):
+    """What a card records of a run's evaluation: each `--eval` file's metrics, on GLUE's Hub dataset where the task
+    is a GLUE task."""
+    from pathlib import Path
+
+    from ...glue import glue_benchmark
+    from ...hub import Evaluation
+    from .training import task_metric_names
+
+    evaluations = []
+    for task, name, path in eval_files:
+        spec = config.task(task)
+        measured = {metric: metrics[f"eval_{name}_{metric}"] for metric in task_metric_names(spec)
+                    if f"eval_{name}_{metric}" in metrics}
+        evaluations.append(Evaluation(HUB_TASKS.get(spec["type"], "text-classification"),
+                                      f"{name} ({Path(path).name})", measured, glue_benchmark(task),
+                                      split=name.removeprefix(f"{task}_") if name != task else None))
+    return evaluations
+
+
 def _run(args, distill=False):
     from ...errors import HfExtError
     from ...hub import write_training_card
@@ -305,6 +330,6 @@ def _run(args, distill=False):
         metrics = trainer.evaluate() if evaluation else {}
         save_training_run(staging, trainer, tokenizer, metrics, model=model)  # LoRA: the adapter and the heads
         write_training_card(staging, args.output_dir, args, f"hf-ext mtdnn {'distill' if distill else 'train'}",
-                            args.model, trainer.state.log_history, metrics)
+                            args.model, trainer.state.log_history, _evaluations(config, eval_files, metrics))
     print_summary(args.output_dir, trainer, best_metric=trainer.state.best_metric,
                   eval={key: value for key, value in metrics.items() if not key.endswith(("_runtime", "_per_second"))})

@@ -1,6 +1,7 @@
 """MT-DNN's pipeline: a text, or a pair of texts, through every task head at once (or through one), as
-`pipeline("mt-dnn", model=folder)` or, where hf-ext is not installed, `pipeline(model=folder, trust_remote_code=True)`
-(the folder's config names this file in `custom_pipelines`).
+`pipeline("mt-dnn", model=folder)` or, where hf-ext is not installed, `pipeline("mt-dnn", model=folder,
+trust_remote_code=True)` (the folder's config names this file in `custom_pipelines`, with `feature-extraction`: the
+shared encoder's hidden states).
 
     >>> predict = pipeline("mt-dnn", model="path/to/folder", trust_remote_code=True)
     >>> predict({"text": "A man is playing.", "text_pair": "A man is sleeping."})
@@ -25,10 +26,12 @@ from typing import Any
 
 import torch
 from transformers.pipelines.base import ChunkPipeline
+from transformers.pipelines.feature_extraction import FeatureExtractionPipeline
 
 from .configuration_mtdnn import PAIR_FORMATS, SPAN_TASK_TYPES, max_input_length
 
 PIPELINE_TASK = "mt-dnn"  # the pipeline's task name (`pipeline("mt-dnn", ...)`, the config's `custom_pipelines`)
+FEATURE_TASK = "feature-extraction"
 DOC_STRIDE = 128  # tokens shared by two windows of a long context (the original's squad_prepro.py)
 N_BEST = 20  # start and end candidates per window (postprocess_qa_predictions' n_best_size)
 DEFAULT_SPAN_WINDOW = 512  # tokens of a span task's window where the encoder's positions set no limit
@@ -286,4 +289,14 @@ class MTDNNPipeline(ChunkPipeline):
         return best_answer(spec, windows, chunks[0]["context"])
 
 
-__all__ = ["MTDNNPipeline", "PIPELINE_TASK", "best_answer", "best_span", "entities", "question_windows"]
+class MTDNNFeatureExtractionPipeline(FeatureExtractionPipeline):
+    """`feature-extraction` for MT-DNN: the shared encoder's last hidden states, one vector per token, as the stock
+    pipeline gives them for a plain encoder. The stock pipeline reads a model's first output, which for MT-DNN is a
+    task head's logits."""
+
+    def _forward(self, model_inputs: dict[str, Any]) -> Any:  # type: ignore[override]
+        return self.model.encode(**model_inputs)  # type: ignore[operator]
+
+
+__all__ = ["FEATURE_TASK", "MTDNNFeatureExtractionPipeline", "MTDNNPipeline", "PIPELINE_TASK", "best_answer",
+           "best_span", "entities", "question_windows"]

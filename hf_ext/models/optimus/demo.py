@@ -141,7 +141,7 @@ def _run_demo(args: argparse.Namespace) -> None:
     from transformers import AutoConfig, AutoModel, AutoProcessor
 
     from ...errors import HfExtError
-    from ...hub import install_into_hub_cache, write_training_card
+    from ...hub import Evaluation, install_into_hub_cache, write_training_card
     from . import OptimusLatentSpace
     from .conversion import convert_optimus_checkpoint
     from .metrics import evaluate_optimus_lm, word_accuracy
@@ -199,8 +199,6 @@ def _run_demo(args: argparse.Namespace) -> None:
         (workdir / "trainer").rmdir()
     model.save_pretrained(workdir / "finetuned")
     processor.save_pretrained(workdir / "finetuned")
-    write_training_card(workdir / "finetuned", workdir / "finetuned", args, "hf-ext demo", None,
-                        trainer.state.log_history)
 
     space = OptimusLatentSpace(model, processor, max_new_tokens=24)
     outputs = space.reconstruct(sentences)
@@ -232,6 +230,14 @@ def _run_demo(args: argparse.Namespace) -> None:
     print(f"   latent space over the {len(sentences)} sentences: KL {metrics['kl']:.1f} nats, active units "
           f"{metrics['active_units']}/{model.config.latent_size}, mutual information {metrics['mi']:.2f} nats "
           "(hf_ext.models.optimus.metrics)")
+    measured = {"word_accuracy": sum(accuracies) / len(accuracies),
+                "exact_reconstructions": sum(a == 1 for a in accuracies) / len(accuracies), "kl": metrics["kl"],
+                "active_units": metrics["active_units"], "mutual_information": metrics["mi"],
+                "perplexity": metrics["perplexity"]}
+    write_training_card(workdir / "finetuned", workdir / "finetuned", args, "hf-ext demo", None,
+                        trainer.state.log_history,
+                        [Evaluation("text-generation", f"the {len(sentences)} bundled sentences (its training data)",
+                                    measured)])
 
     summary = {
         "trained_on": f"the {len(sentences)} bundled sentences (hf_ext/data/sentences.txt) and {len(recombined)} "

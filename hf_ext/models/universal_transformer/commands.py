@@ -75,7 +75,7 @@ def add_algorithmic_arguments(parser: argparse.ArgumentParser, train_length: int
 def _train_algorithmic(args):
     import torch
 
-    from ...hub import write_training_card
+    from ...hub import Evaluation, write_training_card
     from ...output import atomic_output_dir, check_output_dir
     from ...registration import add_custom_pipelines
     from . import ENTRY, UniversalTransformerForSeq2SeqLM
@@ -112,8 +112,12 @@ def _train_algorithmic(args):
         (staging / "log_history.json").write_text(json.dumps(run.log_history, indent=1))
         write_training_card(staging, args.output_dir, args,
                             "hf-ext universal-transformer train-algorithmic", None, run.log_history,
-                            {**{f"{name} (training lengths)": value for name, value in run.train_lengths.items()},
-                             **{f"{name} (longer lengths)": value for name, value in run.longer_lengths.items()}})
+                            [Evaluation("text2text-generation", f"{args.task}, {args.num_test} generated examples "
+                                        f"of {lengths}", measured)
+                             for lengths, measured in ((f"the training lengths (up to {args.train_length})",
+                                                        run.train_lengths),
+                                                       (f"lengths {args.train_length + 1} to {args.test_length}",
+                                                        run.longer_lengths))])
     print(json.dumps({"output_dir": str(args.output_dir), **results}))
 
 
