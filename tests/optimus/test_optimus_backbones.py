@@ -301,6 +301,38 @@ def test_without_a_latent_the_decoder_is_its_own_causal_lm(decoder):
         assert logits.abs().max() < softcap and logits.abs().max() > 0.5 * softcap  # capped, and it bites
 
 
+@pytest.mark.parametrize("decoder, head_settings", [
+    ("cohere", {"logit_scale": 0.3}),  # logits times the scale
+    ("granite", {"logits_scaling": 4.0, "embedding_multiplier": 2.0, "residual_multiplier": 0.5,
+                 "attention_multiplier": 0.3}),  # logits divided by the scaling
+])
+def test_decoders_whose_head_rescales_the_logits_are_their_own_causal_lm(decoder, head_settings):
+    model = build(decoder, encoder="bert", **head_settings)
+    causal_lm = AutoModelForCausalLM.from_config(model.config.decoder).eval()
+    causal_lm.base_model.load_state_dict(model.decoder.state_dict())
+    with torch.no_grad():
+        causal_lm.get_output_embeddings().weight.copy_(model.lm_head.weight)
+        ids = tokens(2, 9)
+        torch.testing.assert_close(model(decoder_input_ids=ids).logits, causal_lm(input_ids=ids).logits,
+                                   atol=TOLERANCE, rtol=TOLERANCE)
+    # and generation with the memory reads the cache as recomputation does
+    latent_z = latents(2)
+    cached = generate(model, latent_z)
+    recomputed = generate(model, latent_z, use_cache=False)
+    assert torch.equal(cached.sequences, recomputed.sequences)
+
+
+def test_a_stray_key_value_head_count_in_a_gpt2_config_is_not_read():
+    """GPT-2's attention has no grouped-query attention and ignores `num_key_value_heads` in its config.json: the
+    memory must still fill every head."""
+    config = decoder_config("gpt2")
+    config.num_key_value_heads = 2
+    assert decoder_heads(config) == (4, 4)
+    model = build("gpt2", num_key_value_heads=2)
+    latent_z = latents(2)
+    assert torch.equal(generate(model, latent_z).sequences, generate(model, latent_z, use_cache=False).sequences)
+
+
 @pytest.mark.parametrize("decoder, tie", [
     *[(decoder, None) if decoder in FAST else pytest.param(decoder, None, marks=SLOW) for decoder in PAIRED_ENCODER],
     ("llama", True),  # a Llama that ties, beside the default untied one

@@ -209,9 +209,13 @@ def check_decoder(config: PretrainedConfig) -> None:
 
 
 def decoder_heads(config: PretrainedConfig) -> tuple[int, int]:
-    """The decoder's attention heads and key/value heads (fewer with grouped-query attention)."""
+    """The decoder's attention heads and key/value heads (fewer with grouped-query attention). Key/value heads are
+    read only from a config class that has them: a stray `num_key_value_heads` in a GPT-2 config.json, which GPT-2's
+    attention ignores, must not size the memory."""
     heads = config.num_attention_heads
-    return heads, getattr(config, "num_key_value_heads", None) or heads
+    key_value_heads = getattr(config, "num_key_value_heads", None) if hasattr(type(config), "num_key_value_heads") \
+        else None
+    return heads, key_value_heads or heads
 
 
 def decoder_head_dim(config: PretrainedConfig) -> int:

@@ -334,8 +334,16 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
                 raise ValueError("labels need the logits of every position: leave logits_to_keep at 0")
             kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             logits = self.lm_head(decoder_outputs.last_hidden_state[:, kept])
+            # what the decoder's own causal-LM head does after its projection: Cohere's logit_scale (a factor),
+            # Granite's logits_scaling (a divisor), Gemma 2's final soft-capping
+            logit_scale = getattr(config.decoder, "logit_scale", None)
+            if logit_scale is not None:
+                logits = logits * logit_scale
+            logits_scaling = getattr(config.decoder, "logits_scaling", None)
+            if logits_scaling is not None:
+                logits = logits / logits_scaling
             softcap = getattr(config.decoder, "final_logit_softcapping", None)
-            if softcap is not None:  # Gemma 2's, which its own LM head applies
+            if softcap is not None:
                 logits = torch.tanh(logits / softcap) * softcap
 
         loss = loss_rec = loss_kl = None
