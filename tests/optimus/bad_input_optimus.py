@@ -195,6 +195,16 @@ COMMAND_CASES = {
         lambda tmp, folder: ["optimus", "train", folder, "--train-file", written(tmp / "t.txt", "a dog runs .\n"),
                              "--output-dir", tmp / "out", "--lora-alpha", "8"], 1,
         "--lora-alpha and --lora-dropout need --lora-r"),
+    # hf-ext optimus train --eval-file: refused before training
+    "train with an evaluation file of one sentence": (
+        lambda tmp, folder: ["optimus", "train", folder, "--train-file", written(tmp / "t.txt", "a dog runs .\n"),
+                             "--output-dir", tmp / "out", "--eval-file", written(tmp / "e.txt", "a cat sits .\n")], 1,
+        "needs at least 2 sentences (active units use a variance)"),
+    "train with evaluation samples not a multiple of those per pass": (
+        lambda tmp, folder: ["optimus", "train", folder, "--train-file", written(tmp / "t.txt", "a dog runs .\n"),
+                             "--output-dir", tmp / "out", "--eval-file", written(tmp / "e.txt", "a.\nb.\n"),
+                             "--num-samples", "5", "--samples-per-pass", "2"], 1,
+        "--num-samples must be a multiple of --samples-per-pass"),
 }
 
 

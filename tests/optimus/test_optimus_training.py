@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO_ROOT, cli_exit_code, run_torchrun
+from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from transformers import AutoModel, BertTokenizer, GPT2Tokenizer, TrainingArguments
 from transformers.pytorch_utils import Conv1D
@@ -411,9 +412,18 @@ def test_cli_train_saves_a_trained_model(model_dir, tmp_path, capsys):
     code = main(["optimus", "train", str(model_dir), "--train-file", str(SNLI / "train.txt"), "--output-dir",
                  str(out), "--max-steps", "4", "--batch-size", "4", "--logging-steps", "2", "--beta", "0.5",
                  "--fb-mode", "0", "--length-weighted-loss", "--max-length", str(MAX_LENGTH), "--learning-rate",
-                 "1e-3", "--plot"])
+                 "1e-3", "--plot", "--eval-file", str(SNLI / "test.txt"), "--num-samples", "4",
+                 "--samples-per-pass", "2"])
     assert code == 0, capsys.readouterr().err
-    assert json.loads(capsys.readouterr().out)["steps"] == 4
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 4
+    # the evaluation of the saved model is `evaluate`'s, and its card records it
+    assert main(["optimus", "evaluate", str(out), "--eval-file", str(SNLI / "test.txt"), "--num-samples", "4",
+                 "--samples-per-pass", "2", "--max-length", str(MAX_LENGTH), "--batch-size", "4"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    assert summary["eval"] == pytest.approx(evaluated, rel=1e-5) and set(evaluated) >= {"perplexity", "kl", "mi"}
+    recorded = {r.metric_type: r.metric_value for r in ModelCard.load(out / "README.md").data.eval_results}
+    assert recorded == pytest.approx(evaluated, rel=1e-5)
     assert {"config.json", "model.safetensors", "modeling_optimus.py", "tokenizer_config.json", "decoder_tokenizer",
             "log_history.json", "training_curves.png", "README.md"} <= {p.name for p in out.iterdir()}
     card = (out / "README.md").read_text()

@@ -217,14 +217,43 @@ def _register_training_tools(tools):
     backbones.add_argument("--lora-on", choices=("encoder", "decoder", "both"),
                            help="the backbones LoRA adapts (default both); a backbone without adapters is frozen")
 
+    evaluation = parser.add_argument_group("evaluation of the trained model (the metrics of `evaluate`, printed and "
+                                           "recorded in its model card)")
+    _add_evaluation_arguments(evaluation, eval_file_help="text file, one sentence per line, to evaluate the trained "
+                              "model on (default: no evaluation)")
+
     parser = model_tool("evaluate", "the paper's language-modelling metrics on a text file, as JSON: perplexity "
                         "(importance-weighted), -ELBO, KL, mutual information, active units", _evaluate)
-    parser.add_argument("--eval-file", required=True, help="text file, one sentence per line")
+    _add_evaluation_arguments(parser, eval_file_help="text file, one sentence per line", required=True)
+
+
+def _add_evaluation_arguments(parser, eval_file_help, required=False):
+    parser.add_argument("--eval-file", required=required, help=eval_file_help)
     parser.add_argument("--num-samples", type=positive_int, default=100,
                         help="posterior samples of the importance-weighted likelihood (default 100)")
     parser.add_argument("--samples-per-pass", type=positive_int, default=5, help="samples decoded at once (default 5)")
     parser.add_argument("--au-threshold", type=nonnegative_float, default=0.01,
                         help="posterior-mean variance that makes a latent dimension active (default 0.01)")
+
+
+def _evaluation_texts(args):
+    """The sentences of `--eval-file`, checked with the evaluation's settings before any model is loaded."""
+    from .training import load_text_dataset
+
+    require(args.num_samples % args.samples_per_pass == 0,
+             "--num-samples must be a multiple of --samples-per-pass")
+    texts = load_text_dataset(args.eval_file)["text"]
+    require(len(texts) >= 2, f"{args.eval_file} needs at least 2 sentences (active units use a variance)")
+    return texts
+
+
+def _evaluation(args, model, processor, texts):
+    from .metrics import evaluate_optimus_lm
+
+    return evaluate_optimus_lm(model, processor, texts, au_threshold=args.au_threshold,
+                               batch_size=args.batch_size, num_samples=args.num_samples,
+                               samples_per_pass=args.samples_per_pass, max_length=_max_length(args, model.config),
+                               generator=torch.Generator(device=model.device).manual_seed(args.seed))
 
 
 def _load_optimus(args):
@@ -246,7 +275,7 @@ def _train(args):
 
     from peft import PeftModel
 
-    from ...hub import write_training_card
+    from ...hub import Evaluation, write_training_card
     from ...output import atomic_output_dir, check_output_dir
     from ...plots import require_matplotlib
     from ...trainer import print_summary, save_training_run
@@ -267,6 +296,7 @@ def _train(args):
     if args.plot:
         require_matplotlib()
     dataset = load_text_dataset(args.train_file)
+    eval_texts = _evaluation_texts(args) if args.eval_file else None
     model, processor = _load_optimus(args)
     config = model.config
     for name in ("beta", "dim_target_kl", "fb_mode", "length_weighted_loss"):
@@ -292,28 +322,21 @@ def _train(args):
             **run_reporting_settings(args),
         )
         # LoRA merged: the folder holds a plain Optimus model, as without LoRA
-        save_training_run(staging, trainer, processor,
-                          model=trained.merge_and_unload() if isinstance(trained, PeftModel) else trained)
+        saved = trained.merge_and_unload() if isinstance(trained, PeftModel) else trained
+        save_training_run(staging, trainer, processor, model=saved)
+        measured = _evaluation(args, saved.eval(), processor, eval_texts) if eval_texts else {}
         write_training_card(staging, args.output_dir, args, "hf-ext optimus train", args.model,
-                            trainer.state.log_history, trainable=trainable.as_dict())
+                            trainer.state.log_history,
+                            [Evaluation("text-generation", Path(args.eval_file).name, measured)] if measured else [],
+                            trainable=trainable.as_dict())
         if args.plot:
             plot_training_curves(trainer.state.log_history, staging / "training_curves.png",
                                  title=f"Optimus fine-tuning on {args.train_file}")
     shutil.rmtree(checkpoints, ignore_errors=True)
-    print_summary(args.output_dir, trainer, **trainable.as_dict())
+    print_summary(args.output_dir, trainer, **trainable.as_dict(), **({"eval": measured} if measured else {}))
 
 
 def _evaluate(args):
-    from .metrics import evaluate_optimus_lm
-    from .training import load_text_dataset
-
-    require(args.num_samples % args.samples_per_pass == 0,
-             "--num-samples must be a multiple of --samples-per-pass")
-    texts = load_text_dataset(args.eval_file)["text"]
-    require(len(texts) >= 2, f"{args.eval_file} needs at least 2 sentences (active units use a variance)")
+    texts = _evaluation_texts(args)
     model, processor = _load_optimus(args)
-    metrics = evaluate_optimus_lm(model, processor, texts, au_threshold=args.au_threshold,
-                                  batch_size=args.batch_size, num_samples=args.num_samples,
-                                  samples_per_pass=args.samples_per_pass, max_length=_max_length(args, model.config),
-                                  generator=torch.Generator(device=model.device).manual_seed(args.seed))
-    print(json.dumps(metrics))
+    print(json.dumps(_evaluation(args, model, processor, texts)))
