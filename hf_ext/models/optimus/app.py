@@ -80,7 +80,7 @@ class OptimusApp:
         count = checked_int(count, "samples", 1, MAX_SAMPLES)
         temperature = checked_float(temperature, "temperature", 0.0, MAX_PRIOR_TEMPERATURE)
         options = generation_options(decoding, num_beams, top_p, seed)
-        generator = torch.Generator(device=self.space.model.device).manual_seed(int(seed))
+        generator = torch.Generator().manual_seed(int(seed))
         latents = self.space.model.sample_prior(count, generator) * temperature
         return self.space.decode(latents, **options)
 
@@ -112,11 +112,13 @@ class OptimusApp:
         return figure
 
 
-def build_app(source: str, trust_remote_code: bool = False) -> "gr.Blocks":
-    """The Optimus explorer of the model in `source` (a folder or Hub repo id)."""
+def build_app(source: str, trust_remote_code: bool = False, model_kwargs: dict[str, Any] | None = None,
+              ) -> "gr.Blocks":
+    """The Optimus explorer of the model in `source` (a folder or Hub repo id); `model_kwargs` go to the model's
+    `from_pretrained` (`dtype`, `device_map`)."""
     import gradio as gr
 
-    model, processor = load_optimus(source, trust_remote_code)
+    model, processor = load_optimus(source, trust_remote_code, **(model_kwargs or {}))
     limit = model.config.max_decoder_tokens
     app = OptimusApp(OptimusLatentSpace(model, processor, max_new_tokens=min(MAX_NEW_TOKENS, limit)))
     examples = bundled_sentences()
