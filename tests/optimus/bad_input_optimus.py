@@ -21,6 +21,7 @@ from bad_input import (
     shifted,
     to_dev_zero,
     truncate,
+    without_cuda,
     written,
 )
 
@@ -195,6 +196,23 @@ COMMAND_CASES = {
         lambda tmp, folder: ["optimus", "train", folder, "--train-file", written(tmp / "t.txt", "a dog runs .\n"),
                              "--output-dir", tmp / "out", "--lora-alpha", "8"], 1,
         "--lora-alpha and --lora-dropout need --lora-r"),
+    # --device and --dtype (hf_ext.cli_utils.add_device_arguments); `--device cuda` only where there is no CUDA
+    **without_cuda({"encode with --device cuda on a machine without CUDA": (
+        lambda tmp, folder: ["optimus", "encode", folder, "a dog", "--device", "cuda"], 2,
+        "argument --device: cuda: CUDA is not available on this machine")}),
+    "sample on a CUDA device the machine lacks": (
+        lambda tmp, folder: ["optimus", "sample", folder, "--device", "cuda:99"], 2, "argument --device: cuda:99: "),
+    "reconstruct with an unknown dtype": (
+        lambda tmp, folder: ["optimus", "reconstruct", folder, "a dog", "--dtype", "int8"], 2,
+        "argument --dtype: invalid choice: 'int8'"),
+    "train in float16 on the CPU": (
+        lambda tmp, folder: ["optimus", "train", folder, "--train-file", written(tmp / "t.txt", "a dog runs .\n"),
+                             "--output-dir", tmp / "out", "--device", "cpu", "--dtype", "float16"], 1,
+        "--dtype float16 trains only on CUDA (fp16 mixed precision with loss scaling), not on cpu"),
+    "train with --dtype auto (no mixed precision of that name)": (
+        lambda tmp, folder: ["optimus", "train", folder, "--train-file", written(tmp / "t.txt", "a dog runs .\n"),
+                             "--output-dir", tmp / "out", "--dtype", "auto"], 2,
+        "argument --dtype: invalid choice: 'auto'"),
 }
 
 

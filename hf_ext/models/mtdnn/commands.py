@@ -255,9 +255,9 @@ def _run(args, distill=False):
     from .data import load_task_files
     from .training import task_metric_names, train_mtdnn
 
+    device_settings = training_device_settings(args)
     train_files, eval_files, layouts = _check_arguments(args)
     smart = _smart_settings(args)
-    device_settings = training_device_settings(args)
     check_output_dir(args.output_dir, args.overwrite)
     tasks = list(dict.fromkeys([task for task, _ in train_files] + [task for task, _, _ in eval_files]))
     model = _load_model(args, tasks)
