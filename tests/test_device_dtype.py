@@ -184,11 +184,13 @@ def test_optimus_latent_space_tools_on_cpu(tool, optimus_sample_folder, capsys):
     assert run(capsys, *argv, "--dtype", "auto") == default  # the folder is float32
     half = run(capsys, *argv, "--device", "cpu", "--dtype", "bfloat16")
     assert len(half.splitlines()) == len(default.splitlines())
-    if tool == "encode":
-        for row, half_row in zip(map(json.loads, default.splitlines()), map(json.loads, half.splitlines()),
-                                 strict=True):
-            for key in ("mean", "logvar"):
-                torch.testing.assert_close(torch.tensor(half_row[key]), torch.tensor(row[key]), atol=0.05, rtol=0.02)
+    if tool == "encode":  # float16 runs on the CPU too
+        for half in (half, run(capsys, *argv, "--device", "cpu", "--dtype", "float16")):
+            for row, half_row in zip(map(json.loads, default.splitlines()), map(json.loads, half.splitlines()),
+                                     strict=True):
+                for key in ("mean", "logvar"):
+                    torch.testing.assert_close(torch.tensor(half_row[key]), torch.tensor(row[key]), atol=0.05,
+                                               rtol=0.02)
 
 
 @pytest.mark.slow
