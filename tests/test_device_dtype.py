@@ -185,8 +185,8 @@ def test_optimus_latent_space_tools_on_cpu(tool, optimus_sample_folder, capsys):
     half = run(capsys, *argv, "--device", "cpu", "--dtype", "bfloat16")
     assert len(half.splitlines()) == len(default.splitlines())
     if tool == "encode":  # float16 runs on the CPU too
-        for half in (half, run(capsys, *argv, "--device", "cpu", "--dtype", "float16")):
-            for row, half_row in zip(map(json.loads, default.splitlines()), map(json.loads, half.splitlines()),
+        for reduced in (half, run(capsys, *argv, "--device", "cpu", "--dtype", "float16")):
+            for row, half_row in zip(map(json.loads, default.splitlines()), map(json.loads, reduced.splitlines()),
                                      strict=True):
                 for key in ("mean", "logvar"):
                     torch.testing.assert_close(torch.tensor(half_row[key]), torch.tensor(row[key]), atol=0.05,
@@ -237,6 +237,20 @@ def test_serve_loads_the_app_model_on_the_device_in_the_dtype(optimus_sample_fol
     assert main(["serve", str(optimus_sample_folder), "--device", "cpu", "--dtype", "bfloat16"]) == 1
     assert capsys.readouterr().err == "hf-ext: error: stop here\n"
     assert loaded[0].dtype == torch.bfloat16 and loaded[0].device == torch.device("cpu")
+
+
+@pytest.mark.slow
+def test_the_optimus_app_draws_its_latent_map_from_a_bfloat16_model(optimus_sample_folder):
+    from conftest import require_extra
+
+    from hf_ext.models.optimus import OptimusLatentSpace
+    from hf_ext.models.optimus.app import OptimusApp
+
+    require_extra("plots", "matplotlib")
+    space = OptimusLatentSpace.from_pretrained(str(optimus_sample_folder), dtype=torch.bfloat16, max_new_tokens=4)
+    sentences = ["a dog runs .", "the cat sleeps .", "a man walks ."]
+    map_axis = OptimusApp(space).latent_map(sentences, sentences[0], sentences[1], 3).axes[0]
+    assert len(map_axis.collections[0].get_offsets()) == 3 and len(map_axis.lines[0].get_xydata()) == 3
 
 
 def saved_dtype(folder):

@@ -77,6 +77,12 @@ def test_optimus_train_on_cuda_in_mixed_precision(optimus_sample_folder, tmp_pat
     assert summary["steps"] == 2 and summary["train_loss"] > 0
 
 
+def test_the_demo_trains_and_queries_its_model_on_cuda(tmp_path, capsys):
+    out = run(capsys, "demo", "--workdir", tmp_path / "demo", "--max-steps", "2", "--device", "cuda", "--dtype",
+              "bfloat16")
+    assert "5. reconstructions" in out and (tmp_path / "demo" / "demo.json").is_file()
+
+
 def test_universal_transformer_trains_on_cuda_in_bfloat16(tmp_path, capsys):
     summary = json.loads(run(capsys, "universal-transformer", "train-algorithmic", "--task", "copy", "--output-dir",
                              tmp_path / "ut", "--train-length", "3", "--test-length", "4", "--num-train", "16",

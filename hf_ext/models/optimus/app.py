@@ -18,6 +18,7 @@ from .samples import bundled_sentences
 
 if TYPE_CHECKING:  # gradio and matplotlib are optional
     import gradio as gr
+    import numpy as np
     from matplotlib.figure import Figure
 
 MODEL_TYPES = ("optimus",)  # the model types this app serves
@@ -106,10 +107,15 @@ class OptimusApp:
             steps = checked_int(steps, "steps", 2, MAX_STEPS)
             latents = self.space.model.interpolate(ends[0], ends[1], steps)
             texts = self.space.decode(latents)
-            interpolation = (latents.numpy(), list(zip(torch.linspace(0, 1, steps).tolist(), texts, strict=True)))
-        figure = latent_space_figure(means.numpy(), sentences, interpolation=interpolation)
+            interpolation = (points(latents), list(zip(torch.linspace(0, 1, steps).tolist(), texts, strict=True)))
+        figure = latent_space_figure(points(means), sentences, interpolation=interpolation)
         figure.set_size_inches(9, 7 if interpolation else 6)
         return figure
+
+
+def points(latents: torch.Tensor) -> "np.ndarray":
+    """Latents as numpy points for a plot, from a model on any device and in any dtype (numpy has no bfloat16)."""
+    return latents.detach().float().cpu().numpy()
 
 
 def build_app(source: str, trust_remote_code: bool = False, model_kwargs: dict[str, Any] | None = None,

@@ -267,8 +267,9 @@ def _run_demo(args: argparse.Namespace) -> None:
         # the shown sentences, and those the interpolation passes through
         passed = {index for index, sentence in enumerate(plotted) if sentence in dict(steps).values()}
         labelled = sorted({*SHOWN, *INTERPOLATION_ENDS} | passed)
-        plot_latent_space(all_means.numpy(), plotted, workdir / "demo.png",
-                          interpolation=(path_latents.numpy(), steps), labelled=labelled,
+        # from the device Trainer trained on
+        plot_latent_space(all_means.cpu().numpy(), plotted, workdir / "demo.png",
+                          interpolation=(path_latents.cpu().numpy(), steps), labelled=labelled,
                           log_history=trainer.state.log_history, title="hf-ext demo: Optimus on the bundled sentences")
         print(f" and {workdir / 'demo.png'} (the latent space and the training curves)")
     except HfExtError as missing_matplotlib:
