@@ -70,6 +70,42 @@ def sentence(text: str) -> str:
     return text
 
 
+DEVICES = "cpu, cuda, cuda:N, mps or auto"
+
+
+def device(text: str) -> str:
+    """A `--device` value: cpu, cuda, cuda:N, mps, or auto (cuda when torch finds a CUDA device, else cpu), refused
+    when this machine has no such device, so that the command stops before any weights are read. Returns the device
+    as torch names it, auto resolved."""
+    import torch
+
+    name = text.strip().lower()
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        chosen = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected {DEVICES}, got {text!r}") from None
+    if chosen.type == "cpu" and chosen.index is None:
+        return "cpu"
+    if chosen.type == "cuda":
+        if not torch.cuda.is_available():
+            built = "built without CUDA" if torch.version.cuda is None \
+                else f"CUDA {torch.version.cuda}, no device found"
+            raise argparse.ArgumentTypeError(f"{name}: CUDA is not available on this machine (torch "
+                                             f"{torch.__version__}, {built})")
+        count = torch.cuda.device_count()
+        if chosen.index is not None and chosen.index >= count:
+            raise argparse.ArgumentTypeError(f"{name}: this machine has {count} CUDA device{'s' if count > 1 else ''} "
+                                             f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''})")
+        return name
+    if chosen.type == "mps" and chosen.index is None:
+        if not torch.backends.mps.is_available():
+            raise argparse.ArgumentTypeError("mps: MPS is not available on this machine (Apple silicon only)")
+        return "mps"
+    raise argparse.ArgumentTypeError(f"expected {DEVICES}, got {text!r}")
+
+
 def report_targets(text: str) -> list[str]:
     """A `--report-to` value: comma-separated names of the experiment trackers `Trainer` knows (`all` for every
     installed one, `none` for none)."""

@@ -53,8 +53,9 @@ def build_parser(prog: str = "hf-ext") -> Parser:
         "onnx", help="ONNX graphs checked on ONNX Runtime (needs the onnx extra)",
         description=f"Export MODEL (a folder or Hub repo id of a model hf-ext exports: {exportable}) to ONNX graphs "
         "in the new folder OUT, each checked on ONNX Runtime against PyTorch at two shapes "
-        "(max abs error at most 1e-4), with the checks in OUT/onnx_export.json and OUT/README.md. Needs the onnx "
-        "extra (docs/install.md).")
+        "(max abs error at most 1e-4), with the checks in OUT/onnx_export.json and OUT/README.md. It traces and "
+        "checks on the CPU in float32 by design, whatever GPU the machine has: ONNX Runtime chooses where the graphs "
+        "run (docs/gpu.md). Needs the onnx extra (docs/install.md).")
     add_model_argument(onnx, "model folder or Hub repo id")
     onnx.add_argument("out", help="output folder (written atomically)")
     onnx.add_argument("--task", help="what to export (default: the folder's own head; see docs/export.md)")

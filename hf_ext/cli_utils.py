@@ -18,8 +18,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .arguments import fraction, positive_int, report_targets
-from .errors import HfExtError, one_line, redact, remote_code_refusal
+from .arguments import device, fraction, positive_int, report_targets
+from .errors import HfExtError, one_line, redact, remote_code_refusal, require
 
 if TYPE_CHECKING:
     from .registration import ModelEntry
@@ -79,6 +79,62 @@ def add_model_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
     loads a model takes them."""
     parser.add_argument("model", type=model_source, help=help_text)
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the folder's own model code")
+
+
+INFERENCE_DTYPES = ("float32", "bfloat16", "float16", "auto")
+TRAINING_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def add_device_arguments(parser: argparse.ArgumentParser, training: bool = False) -> None:
+    """`--device` and `--dtype` of a command that loads a model (`model_loading_settings` reads them) or, with
+    `training`, of a training command (`training_device_settings`): there `--dtype` is Trainer's mixed precision, the
+    weights staying float32. An unusable device is refused while the arguments are parsed."""
+    parser.add_argument("--device", type=device, default="auto", metavar="DEVICE",
+                        help="where the model runs: cpu, cuda, cuda:N, mps, or auto (default: cuda when torch finds "
+                        "a CUDA device, else cpu)" + ("; Trainer uses every GPU it sees: choose one with "
+                                                     "CUDA_VISIBLE_DEVICES" if training else ""))
+    if training:
+        parser.add_argument("--dtype", choices=TRAINING_DTYPES, default="float32",
+                            help="float32 (default), or mixed precision through Trainer: bfloat16 (bf16, CPU or "
+                            "GPU) or float16 (fp16 with loss scaling, CUDA only); the weights train and are saved in "
+                            "float32")
+    else:
+        parser.add_argument("--dtype", choices=INFERENCE_DTYPES, default="float32",
+                            help="the weights' dtype: float32 (default), bfloat16, float16, or auto (the dtype the "
+                            "checkpoint was saved in)")
+
+
+def _check_device_dtype(args: argparse.Namespace) -> None:
+    import torch
+
+    if args.dtype == "bfloat16" and args.device.startswith("cuda") and not torch.cuda.is_bf16_supported():
+        raise HfExtError(f"--dtype bfloat16: this GPU ({torch.cuda.get_device_name(args.device)}) has no bfloat16 "
+                         "support; use --dtype float16 or float32")
+
+
+def model_loading_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The `from_pretrained` keywords of a command's `--device` and `--dtype`: the weights loaded in that dtype
+    straight onto that device (`device_map`). Refuses a dtype the device cannot run in."""
+    import torch
+
+    _check_device_dtype(args)
+    return {"dtype": "auto" if args.dtype == "auto" else getattr(torch, args.dtype), "device_map": args.device}
+
+
+def training_device_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The `TrainingArguments` of a training command's `--device` and `--dtype`: `use_cpu` for cpu (Trainer takes a
+    GPU whenever it finds one), `bf16`/`fp16` mixed precision. Trainer chooses the GPU itself (all it sees), so a
+    `cuda:N` is refused with the way to choose one; so is float16, whose loss scaling needs CUDA, elsewhere."""
+    _check_device_dtype(args)
+    if args.device.startswith("cuda:"):
+        raise HfExtError(f"--device {args.device}: Trainer trains on every GPU it sees; choose GPU N with "
+                         "CUDA_VISIBLE_DEVICES=N and --device cuda")
+    require(args.dtype != "float16" or args.device == "cuda", f"--dtype float16 trains only on CUDA (fp16 mixed "
+            f"precision with loss scaling), not on {args.device}: use --dtype bfloat16 or float32")
+    settings: dict[str, Any] = {"use_cpu": True} if args.device == "cpu" else {}
+    if args.dtype != "float32":
+        settings["bf16" if args.dtype == "bfloat16" else "fp16"] = True
+    return settings
 
 
 def add_run_reporting_arguments(parser: argparse.ArgumentParser) -> None:

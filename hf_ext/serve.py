@@ -1,11 +1,11 @@
 """`hf-ext serve MODEL`: a model's interactive app in the browser (Gradio), chosen by the model's type.
 
 The apps live with their models: `hf_ext/models/<m>/app.py`, with the model types it serves (`MODEL_TYPES`) and
-`build_app(source, trust_remote_code)`, which imports gradio. What is shared is here: the command, finding the app
-through `MODELS`, the limits on what a request may hold, turning failures into one message in the page (`gr.Error`)
-and launching on a local address with nothing sent anywhere else: no run history, no uploads, no URL fetched for a
-client, no request from another web origin, and Gradio's temporary files in a private folder removed at the end.
-Gradio is optional (the `app` extra).
+`build_app(source, trust_remote_code, model_kwargs)`, which imports gradio. What is shared is here: the command (its
+`--device` and `--dtype` reach the app as `model_kwargs`), finding the app through `MODELS`, the limits on what a
+request may hold, turning failures into one message in the page (`gr.Error`) and launching on a local address with
+nothing sent anywhere else: no run history, no uploads, no URL fetched for a client, no request from another web
+origin, and Gradio's temporary files in a private folder removed at the end. Gradio is optional (the `app` extra).
 """
 
 import argparse
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from transformers.utils import logging
 
 from .arguments import number_in
-from .cli_utils import add_model_argument
+from .cli_utils import add_device_arguments, add_model_argument, model_loading_settings
 from .errors import HfExtError, one_line
 from .extras import install_command
 from .loading import load_config
@@ -68,6 +68,7 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
                         "app to every machine that can reach this one)")
     parser.add_argument("--port", type=number_in(int, 1, 65535), default=DEFAULT_PORT,
                         help=f"port to listen on (default {DEFAULT_PORT})")
+    add_device_arguments(parser)
     parser.set_defaults(handler=_run_serve)
 
 
@@ -97,14 +98,16 @@ def app_module(model_type: str) -> ModuleType:
 
 
 def build_app(source: str, trust_remote_code: bool = False,
-              before_loading: Callable[[], None] | None = None) -> "gr.Blocks":
+              before_loading: Callable[[], None] | None = None,
+              model_kwargs: dict[str, Any] | None = None) -> "gr.Blocks":
     """The `gr.Blocks` app of the model in `source` (a folder or Hub repo id), chosen by its model type;
-    `before_loading` runs once the folder is known to have an app and gradio is there, before the model loads."""
+    `before_loading` runs once the folder is known to have an app and gradio is there, before the model loads;
+    `model_kwargs` go to the model's `from_pretrained` (`dtype`, `device_map`)."""
     config = load_config(source, trust_remote_code=trust_remote_code)
     module = app_module(config.model_type)
     if before_loading is not None:
         before_loading()
-    return module.build_app(source, trust_remote_code)
+    return module.build_app(source, trust_remote_code, model_kwargs=model_kwargs)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -286,9 +289,11 @@ def checked_float(value: float | int | None, what: str, low: float, high: float)
 
 
 def _run_serve(args: argparse.Namespace) -> None:
+    model_kwargs = model_loading_settings(args)
     with private_gradio_cache():
         app = build_app(args.model, args.trust_remote_code,
-                        before_loading=functools.partial(check_port_free, args.host, args.port))
+                        before_loading=functools.partial(check_port_free, args.host, args.port),
+                        model_kwargs=model_kwargs)
         url = launch(app, args.host, args.port)
         if args.host not in LOOPBACK_NAMES:
             logger.warning(f"listening on {args.host}: anyone who can reach this machine can use the app")

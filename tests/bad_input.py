@@ -36,6 +36,11 @@ class Payload:
         return os.system, (f"touch {self.marker}",)
 
 
+def without_cuda(cases: dict) -> dict:
+    """`cases` where torch finds no CUDA device (`--device cuda` refused), none where it does."""
+    return {} if torch.cuda.is_available() else cases
+
+
 # listening sockets that hold their ports in use until the test process ends
 HELD_SOCKETS: list[socket.socket] = []
 

@@ -25,6 +25,7 @@ from bad_input import (
     link_to_a_key,
     run,
     table_problems,
+    without_cuda,
     written,
 )
 from conftest import PROCESS_TIMEOUT, model_test_modules
@@ -100,10 +101,24 @@ SECURITY_CASES = {
                               "unrecognized arguments: --tokn hf_***"),
 }
 
+# ----- --device and --dtype of `hf-ext serve` (each model's commands are in its table) ---------------------------
+
+DEVICE_CASES = {
+    **without_cuda({"serve with --device cuda on a machine without CUDA": (
+        lambda tmp: ["serve", tmp, "--device", "cuda"], 2,
+        "argument --device: cuda: CUDA is not available on this machine")}),
+    "serve on a CUDA device the machine lacks": (lambda tmp: ["serve", tmp, "--device", "cuda:99"], 2,
+                                                 "argument --device: cuda:99: "),
+    "serve on an unknown device": (lambda tmp: ["serve", tmp, "--device", "gpu"], 2,
+                                   "argument --device: expected cpu, cuda, cuda:N, mps or auto, got 'gpu'"),
+    "serve in an unknown dtype": (lambda tmp: ["serve", tmp, "--dtype", "fp8"], 2,
+                                  "argument --dtype: invalid choice: 'fp8'"),
+}
+
 CASES = [pytest.param(build, code, message, id=f"{group}: {name}")
          for group, cases in [*((module.__name__.removeprefix("bad_input_"), module.CONVERSION_CASES)
                                 for module in MODEL_CASES), ("output", OUTPUT_CASES), ("path", PATH_CASES),
-                                ("security", SECURITY_CASES)]
+                                ("security", SECURITY_CASES), ("device", DEVICE_CASES)]
          for name, (build, code, message) in cases.items()]
 COMMAND_CASES = [pytest.param(build, code, message, module.COMMAND_FOLDER,
                               id=f"{module.__name__.removeprefix('bad_input_')}: {name}")

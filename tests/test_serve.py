@@ -66,7 +66,7 @@ def test_a_port_in_use_is_refused_before_the_model_loads(mtdnn_sample_folder, mo
     model_type = json.loads((mtdnn_sample_folder / "config.json").read_text())["model_type"]
     loaded = []
     monkeypatch.setattr(serve, "require_gradio", lambda: None)  # the check comes first: no gradio needed here
-    monkeypatch.setattr(serve.apps()[model_type], "build_app", lambda *args: loaded.append(args))
+    monkeypatch.setattr(serve.apps()[model_type], "build_app", lambda *args, **kwargs: loaded.append(args))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

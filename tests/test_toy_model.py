@@ -134,7 +134,7 @@ TOY_FILES = {
         MODEL_TYPES = ("hf-ext-toy",)
 
 
-        def build_app(source, trust_remote_code=None):
+        def build_app(source, trust_remote_code=None, model_kwargs=None):
             import gradio as gr
 
             with gr.Blocks() as app:

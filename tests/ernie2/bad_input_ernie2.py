@@ -132,4 +132,11 @@ COMMAND_CASES = {
         "its aliases expand it by more than 100000 values (an alias bomb)"),
     "export a folder whose vocabulary links out of it": (export_linking_out, 1,
                                                          "is a link leading out of the folder"),
+    # --device and --dtype (hf_ext.cli_utils.add_device_arguments)
+    "finetune in float16 on the CPU": (lambda tmp, folder: [
+        "ernie2", "finetune", folder, "--task", "MRPC", "--train-file", GLUE / "MRPC" / "train.tsv", "--output-dir",
+        tmp / "out", "--device", "cpu", "--dtype", "float16"], 1, "--dtype float16 trains only on CUDA"),
+    "pretrain on an unknown device": (lambda tmp, folder: [
+        "ernie2", "pretrain", folder, "--documents", written(tmp / "docs.txt", "A sentence.\n"), "--output-dir",
+        tmp / "out", "--device", "npu"], 2, "argument --device: expected cpu, cuda, cuda:N, mps or auto, got 'npu'"),
 }

@@ -202,4 +202,11 @@ COMMAND_CASES = {
     "mtdnn train from a folder with its own code": (lambda tmp, folder: [
         "mtdnn", "train", foreign_code(tmp), "--train", "a=b.tsv", "--output-dir", tmp / "out"], 1,
         "only with --trust-remote-code"),
+    # --device and --dtype (hf_ext.cli_utils.add_device_arguments)
+    "train in float16 on the CPU": (lambda tmp, folder: [
+        "mtdnn", "train", folder, "--train", "a=b.tsv", "--output-dir", tmp / "out", "--device", "cpu", "--dtype",
+        "float16"], 1, "--dtype float16 trains only on CUDA"),
+    "distill on a CUDA device the machine lacks": (lambda tmp, folder: [
+        "mtdnn", "distill", folder, "--teacher", folder, "--train", "a=b.tsv", "--output-dir", tmp / "out",
+        "--device", "cuda:99"], 2, "argument --device: cuda:99: "),
 }

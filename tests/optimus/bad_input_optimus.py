@@ -21,6 +21,7 @@ from bad_input import (
     shifted,
     to_dev_zero,
     truncate,
+    without_cuda,
     written,
 )
 
@@ -205,6 +206,23 @@ COMMAND_CASES = {
                              "--output-dir", tmp / "out", "--eval-file", written(tmp / "e.txt", "a.\nb.\n"),
                              "--num-samples", "5", "--samples-per-pass", "2"], 1,
         "--num-samples must be a multiple of --samples-per-pass"),
+    # --device and --dtype (hf_ext.cli_utils.add_device_arguments); `--device cuda` only where there is no CUDA
+    **without_cuda({"encode with --device cuda on a machine without CUDA": (
+        lambda tmp, folder: ["optimus", "encode", folder, "a dog", "--device", "cuda"], 2,
+        "argument --device: cuda: CUDA is not available on this machine")}),
+    "sample on a CUDA device the machine lacks": (
+        lambda tmp, folder: ["optimus", "sample", folder, "--device", "cuda:99"], 2, "argument --device: cuda:99: "),
+    "reconstruct with an unknown dtype": (
+        lambda tmp, folder: ["optimus", "reconstruct", folder, "a dog", "--dtype", "int8"], 2,
+        "argument --dtype: invalid choice: 'int8'"),
+    "train in float16 on the CPU": (
+        lambda tmp, folder: ["optimus", "train", folder, "--train-file", written(tmp / "t.txt", "a dog runs .\n"),
+                             "--output-dir", tmp / "out", "--device", "cpu", "--dtype", "float16"], 1,
+        "--dtype float16 trains only on CUDA (fp16 mixed precision with loss scaling), not on cpu"),
+    "train with --dtype auto (no mixed precision of that name)": (
+        lambda tmp, folder: ["optimus", "train", folder, "--train-file", written(tmp / "t.txt", "a dog runs .\n"),
+                             "--output-dir", tmp / "out", "--dtype", "auto"], 2,
+        "argument --dtype: invalid choice: 'auto'"),
 }
 
 

@@ -17,6 +17,7 @@ from bad_input import (
     shifted,
     to_dev_zero,
     truncate,
+    without_cuda,
 )
 
 
@@ -75,4 +76,12 @@ COMMAND_CASES = {
     "halting map of a folder with its own code": (lambda tmp, folder: [
         "universal-transformer", "halting-map", foreign_code(tmp), "1", tmp / "out.png"], 1,
         "only with --trust-remote-code"),
+    # --device and --dtype (hf_ext.cli_utils.add_device_arguments); `--device cuda` only where there is no CUDA
+    **without_cuda({"halting map with --device cuda on a machine without CUDA": (
+        lambda tmp, folder: ["universal-transformer", "halting-map", folder, "1", tmp / "out.png", "--device",
+                             "cuda"], 2, "argument --device: cuda: CUDA is not available on this machine")}),
+    "train-algorithmic in float16 on the CPU": (
+        lambda tmp, folder: ["universal-transformer", "train-algorithmic", "--task", "copy", "--output-dir",
+                             tmp / "out", "--device", "cpu", "--dtype", "float16"], 1,
+        "--dtype float16 trains only on CUDA"),
 }

@@ -130,6 +130,26 @@ def test_seq2seq_loss_logits_and_gradients_are_those_of_the_dense_computation(mo
         torch.testing.assert_close(grad, dense_grads[name], atol=1e-4, rtol=1e-4, msg=name)
 
 
+def test_seq2seq_trains_under_bfloat16_autocast_close_to_float32():
+    """Trainer's `bf16=True` (`--dtype bfloat16`): autocast makes the projections bfloat16 while the states and the
+    frozen terms stay float32; the hand-written backward of `KeysAndValuesWithHalted` takes both."""
+    model = mixed_halting(UniversalTransformerForSeq2SeqLM(config()))
+    input_ids, mask = inputs()
+    labels = inputs(length=9, seed=2, padded=False)[0]
+
+    def run(autocast):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            output = model(input_ids=input_ids, attention_mask=mask, labels=labels)
+        output.loss.backward()
+        return output.loss.item(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    (loss, grads), (half_loss, half_grads) = run(False), run(True)
+    assert half_grads.dtype == torch.float32 and half_grads.isfinite().all()
+    assert half_loss == pytest.approx(loss, rel=0.02)
+    assert torch.nn.functional.cosine_similarity(half_grads, grads, dim=0) > 0.98
+
+
 @pytest.mark.parametrize("layer_norm_type", ["layer_norm", "unbiased_std"])
 def test_folded_keys_and_values_equal_the_projected_ones(layer_norm_type):
     model = mixed_halting(UniversalTransformerModel(config(layer_norm_type=layer_norm_type)))

@@ -5,7 +5,14 @@ import argparse
 import json
 
 from ...arguments import nonnegative_int, number_in, positive_float, positive_int
-from ...cli_utils import add_model_argument, add_run_reporting_arguments, model_commands, run_reporting_settings
+from ...cli_utils import (
+    add_device_arguments,
+    add_model_argument,
+    add_run_reporting_arguments,
+    model_commands,
+    run_reporting_settings,
+    training_device_settings,
+)
 from ...errors import require
 from . import conversion
 
@@ -94,6 +101,7 @@ def _training_arguments(parser, batch_size, learning_rate):
     parser.add_argument("--logging-steps", type=positive_int, default=50, help="steps per logged average (default 50)")
     parser.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
     add_run_reporting_arguments(parser)
+    add_device_arguments(parser, training=True)
 
 
 
@@ -103,7 +111,8 @@ def _training_args(args, output_dir, **settings):
     return training_arguments(
         output_dir, per_device_train_batch_size=args.batch_size,
         gradient_accumulation_steps=args.gradient_accumulation_steps, learning_rate=args.learning_rate,
-        logging_steps=args.logging_steps, seed=args.seed, **run_reporting_settings(args), **settings)
+        logging_steps=args.logging_steps, seed=args.seed, **run_reporting_settings(args),
+        **training_device_settings(args), **settings)
 
 
 def _pretrain(args):
@@ -118,6 +127,9 @@ def _pretrain(args):
 
     out = Path(args.output_dir)
     require(not out.exists() or out.is_dir(), f"output {out} exists and is not a folder")
+    # first: a --device or --dtype Trainer cannot use is refused before the model loads
+    training_args = _training_args(args, out, warmup_steps=args.warmup_steps, save_steps=args.save_steps,
+                                   save_total_limit=args.save_total_limit, save_strategy="steps")
     schedule = ContinualSchedule.from_file(args.stages) if args.stages else PAPER_SCHEDULE
     pair_files = {"discourse_relation": args.discourse_pairs, "ir_relevance": args.ir_pairs}
     for task in PAIR_TASKS:
@@ -136,8 +148,6 @@ def _pretrain(args):
         tokenizer, config, schedule, documents, pair_files, entity_lexicon=args.entity_lexicon,
         phrase_lexicon=args.phrase_lexicon, span_heuristics=not args.no_span_heuristics, max_length=args.max_length,
         mask_probability=args.mask_probability, seed=args.seed)
-    training_args = _training_args(args, out, warmup_steps=args.warmup_steps, save_steps=args.save_steps,
-                                   save_total_limit=args.save_total_limit, save_strategy="steps")
     model, histories = continual_pretraining(model, schedule, datasets, training_args, processing_class=tokenizer,
                                              log_to_stderr=True)
     with atomic_output_dir(out / "ernie", overwrite=True) as staging:

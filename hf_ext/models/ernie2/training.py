@@ -312,11 +312,13 @@ def glue_metrics(task: str) -> Callable[[EvalPrediction], dict[str, float]]:
 def finetune_glue(model_name_or_path: str | Path, task: str, train_file: str | Path, args: TrainingArguments,
                   eval_file: str | Path | None = None, task_id: int = 0, max_length: int = 128,
                   callbacks: list[TrainerCallback] | None = None, log_to_stderr: bool = False,
-                  trust_remote_code: bool = False) -> tuple[Trainer, dict[str, float]]:
+                  trust_remote_code: bool = False, model_kwargs: dict[str, Any] | None = None,
+                  ) -> tuple[Trainer, dict[str, float]]:
     """Fine-tune a plain `ernie` folder (converted, or exported from pre-training) on a GLUE task with `Trainer` and
     transformers' `ErnieForSequenceClassification`, feeding `task_id` as every token's task id. Returns the trainer
     (`trainer.save_model(folder)` saves the model and tokenizer) and the metrics of `eval_file` (`eval_<metric>`)
-    when given.
+    when given. `model_kwargs` go to the model's `from_pretrained` (`revision`, `dtype`, ...); `args` choose the
+    device and mixed precision (`use_cpu`, `bf16`, `fp16`).
     """
     from transformers import AutoConfig, AutoTokenizer, ErnieForSequenceClassification
 
@@ -343,7 +345,7 @@ def finetune_glue(model_name_or_path: str | Path, task: str, train_file: str | P
         labels.update(id2label=dict(enumerate(layout.labels)), label2id={n: i for i, n in enumerate(layout.labels)})
     model = ErnieForSequenceClassification.from_pretrained(
         model_name_or_path, problem_type="regression" if layout.num_labels == 1 else "single_label_classification",
-        **labels)
+        **labels, **(model_kwargs or {}))
     train = load_glue_dataset(train_file, key, tokenizer, max_length)
     evaluation = load_glue_dataset(eval_file, key, tokenizer, max_length) if eval_file else None
     for name, dataset in (("training", train), ("evaluation", evaluation)):

@@ -5,7 +5,7 @@ of the first sentence (sequence labeling), or the answer to the first sentence f
 The API name (gradio_client): `predict`. Needs gradio (`hf-ext[app]`), which `build_app`
 imports; not imported by the package."""
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...hub import model_name
 from ...loading import load_config, load_tokenizer, loading
@@ -59,15 +59,17 @@ class MTDNNApp:
         return views
 
 
-def build_app(source: str, trust_remote_code: bool = False) -> "gr.Blocks":
-    """The multi-task predictor of the MT-DNN model in `source` (a folder or Hub repo id)."""
+def build_app(source: str, trust_remote_code: bool = False, model_kwargs: dict[str, Any] | None = None,
+              ) -> "gr.Blocks":
+    """The multi-task predictor of the MT-DNN model in `source` (a folder or Hub repo id); `model_kwargs` go to the
+    model's `from_pretrained` (`dtype`, `device_map`)."""
     import gradio as gr
     from transformers import AutoModel
 
     load_config(source, MTDNNConfig.model_type, "an MT-DNN model", trust_remote_code)
     tokenizer = load_tokenizer(source, trust_remote_code)
     with loading("an MT-DNN model", source):
-        model = AutoModel.from_pretrained(source, trust_remote_code=trust_remote_code)
+        model = AutoModel.from_pretrained(source, trust_remote_code=trust_remote_code, **(model_kwargs or {}))
     app = MTDNNApp(model, tokenizer)
     tasks = model.config.tasks
     task_names = [task["name"] for task in tasks]

@@ -7,12 +7,14 @@ import dataclasses
 
 from ...arguments import fraction, nonnegative_float, number_in, positive_float, positive_int
 from ...cli_utils import (
+    add_device_arguments,
     add_lora_arguments,
     add_model_argument,
     add_run_reporting_arguments,
     check_lora_arguments,
     model_commands,
     run_reporting_settings,
+    training_device_settings,
 )
 from ...errors import require
 from . import conversion
@@ -59,6 +61,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 def _add_training_arguments(parser):
     add_model_argument(parser, "MT-DNN model folder or Hub repo id; with --task-def, an encoder (BERT, RoBERTa, "
                        "DeBERTa, ELECTRA, ModernBERT, ...)")
+    add_device_arguments(parser, training=True)
     parser.add_argument("--train", action="append", required=True, metavar="TASK=PATH",
                         help="training data of a task: a GLUE .tsv file or the original's preprocessed .json lines; "
                         "for sequence labeling a CoNLL file (.conll, .txt, .bio, .iob) or the original's Seqence .tsv; "
@@ -226,7 +229,9 @@ def _load_teachers(args, tasks):
     teachers = []
     for source in args.teacher:
         with loading("a teacher model", source):
-            teacher = AutoModel.from_pretrained(source, trust_remote_code=args.trust_remote_code)
+            # on the training's device, where their soft targets are computed (in float32, as the student trains)
+            teacher = AutoModel.from_pretrained(source, trust_remote_code=args.trust_remote_code,
+                                                device_map=args.device)
         missing = [task for task in tasks if task not in getattr(teacher.config, "task_names", [])]
         require(not missing, f"teacher {source} has no task {', '.join(missing)}")
         teachers.append(teacher)
@@ -275,6 +280,7 @@ def _run(args, distill=False):
     from .data import load_task_files
     from .training import task_metric_names, train_mtdnn
 
+    device_settings = training_device_settings(args)
     train_files, eval_files, layouts = _check_arguments(args)
     smart = _smart_settings(args)
     check_output_dir(args.output_dir, args.overwrite)
@@ -321,7 +327,7 @@ def _run(args, distill=False):
             logging_steps=args.logging_steps, seed=args.seed, eval_strategy=strategy, eval_steps=args.eval_steps,
             save_strategy=strategy if args.metric_for_best_model else "no", save_total_limit=1,
             load_best_model_at_end=bool(args.metric_for_best_model), metric_for_best_model=args.metric_for_best_model,
-            **run_reporting_settings(args))
+            **run_reporting_settings(args), **device_settings)
         trainer = train_mtdnn(model, train, evaluation, training_args, teachers=teachers,
                               teacher_batch_size=args.eval_batch_size, log_to_stderr=True, mix_opt=args.mix_opt,
                               ratio=args.ratio, optimizer_name=args.optimizer, smart=smart,

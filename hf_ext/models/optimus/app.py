@@ -18,6 +18,7 @@ from .samples import bundled_sentences
 
 if TYPE_CHECKING:  # gradio and matplotlib are optional
     import gradio as gr
+    import numpy as np
     from matplotlib.figure import Figure
 
 MODEL_TYPES = ("optimus",)  # the model types this app serves
@@ -80,7 +81,7 @@ class OptimusApp:
         count = checked_int(count, "samples", 1, MAX_SAMPLES)
         temperature = checked_float(temperature, "temperature", 0.0, MAX_PRIOR_TEMPERATURE)
         options = generation_options(decoding, num_beams, top_p, seed)
-        generator = torch.Generator(device=self.space.model.device).manual_seed(int(seed))
+        generator = torch.Generator().manual_seed(int(seed))
         latents = self.space.model.sample_prior(count, generator) * temperature
         return self.space.decode(latents, **options)
 
@@ -106,17 +107,24 @@ class OptimusApp:
             steps = checked_int(steps, "steps", 2, MAX_STEPS)
             latents = self.space.model.interpolate(ends[0], ends[1], steps)
             texts = self.space.decode(latents)
-            interpolation = (latents.numpy(), list(zip(torch.linspace(0, 1, steps).tolist(), texts, strict=True)))
-        figure = latent_space_figure(means.numpy(), sentences, interpolation=interpolation)
+            interpolation = (points(latents), list(zip(torch.linspace(0, 1, steps).tolist(), texts, strict=True)))
+        figure = latent_space_figure(points(means), sentences, interpolation=interpolation)
         figure.set_size_inches(9, 7 if interpolation else 6)
         return figure
 
 
-def build_app(source: str, trust_remote_code: bool = False) -> "gr.Blocks":
-    """The Optimus explorer of the model in `source` (a folder or Hub repo id)."""
+def points(latents: torch.Tensor) -> "np.ndarray":
+    """Latents as numpy points for a plot, from a model on any device and in any dtype (numpy has no bfloat16)."""
+    return latents.detach().float().cpu().numpy()
+
+
+def build_app(source: str, trust_remote_code: bool = False, model_kwargs: dict[str, Any] | None = None,
+              ) -> "gr.Blocks":
+    """The Optimus explorer of the model in `source` (a folder or Hub repo id); `model_kwargs` go to the model's
+    `from_pretrained` (`dtype`, `device_map`)."""
     import gradio as gr
 
-    model, processor = load_optimus(source, trust_remote_code)
+    model, processor = load_optimus(source, trust_remote_code, **(model_kwargs or {}))
     limit = model.config.max_decoder_tokens
     app = OptimusApp(OptimusLatentSpace(model, processor, max_new_tokens=min(MAX_NEW_TOKENS, limit)))
     examples = bundled_sentences()

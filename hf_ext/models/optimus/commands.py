@@ -17,13 +17,16 @@ from ...arguments import (
     sentence,
 )
 from ...cli_utils import (
+    add_device_arguments,
     add_lora_arguments,
     add_model_argument,
     add_run_reporting_arguments,
     check_lora_arguments,
     model_commands,
+    model_loading_settings,
     model_source,
     run_reporting_settings,
+    training_device_settings,
 )
 from ...errors import require
 from . import conversion
@@ -53,6 +56,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         parser.add_argument("--temperature", type=positive_float,
                             help="sampling temperature (with --sample; default 1.0)")
         parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+        add_device_arguments(parser)
         parser.set_defaults(handler=lambda args: handler(args, _latent_space(args)))
         return parser
 
@@ -88,7 +92,7 @@ def _latent_space(args):
     generation = {"max_new_tokens": args.max_new_tokens, "num_beams": args.num_beams, "do_sample": args.sample}
     if args.sample:
         generation.update({name: default if value is None else value for name, (value, default) in sampling.items()})
-    model, processor = _load_optimus(args)
+    model, processor = load_optimus(args.model, args.trust_remote_code, **model_loading_settings(args))
     try:
         return OptimusLatentSpace(model, processor, **generation)
     except ValueError as error:  # generation settings the model cannot follow
@@ -171,9 +175,10 @@ def _init(args):
 
 def _register_training_tools(tools):
     # the training modules (transformers.Trainer) are imported only when a tool runs, to keep `hf-ext` quick to start
-    def model_tool(name, help_text, handler):
+    def model_tool(name, help_text, handler, training):
         parser = tools.add_parser(name, help=help_text, description=help_text)
         add_model_argument(parser, "model folder or Hub repo id")
+        add_device_arguments(parser, training=training)
         parser.add_argument("--batch-size", type=positive_int, default=8, help="sentences per batch (default 8)")
         parser.add_argument("--max-length", type=number_in(int, 3, description="at least 3 (<BOS>, a token, <EOS>)"),
                             help="truncate each side to this many tokens (default: what the model's positions allow)")
@@ -182,7 +187,7 @@ def _register_training_tools(tools):
         return parser
 
     parser = model_tool("train", "fine-tune an Optimus VAE on a text file (one sentence per line) with the "
-                        "original's cyclical KL schedule; saves the model and processor", _train)
+                        "original's cyclical KL schedule; saves the model and processor", _train, training=True)
     parser.add_argument("--train-file", required=True, help="text file, one sentence per line")
     parser.add_argument("--output-dir", required=True, help="folder for the trained model (written atomically)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
@@ -223,7 +228,7 @@ def _register_training_tools(tools):
                               "model on (default: no evaluation)")
 
     parser = model_tool("evaluate", "the paper's language-modelling metrics on a text file, as JSON: perplexity "
-                        "(importance-weighted), -ELBO, KL, mutual information, active units", _evaluate)
+                        "(importance-weighted), -ELBO, KL, mutual information, active units", _evaluate, training=False)
     _add_evaluation_arguments(parser, eval_file_help="text file, one sentence per line", required=True)
 
 
@@ -253,11 +258,7 @@ def _evaluation(args, model, processor, texts):
     return evaluate_optimus_lm(model, processor, texts, au_threshold=args.au_threshold,
                                batch_size=args.batch_size, num_samples=args.num_samples,
                                samples_per_pass=args.samples_per_pass, max_length=_max_length(args, model.config),
-                               generator=torch.Generator(device=model.device).manual_seed(args.seed))
-
-
-def _load_optimus(args):
-    return load_optimus(args.model, args.trust_remote_code)
+                               generator=torch.Generator().manual_seed(args.seed))
 
 
 def _max_length(args, config):
@@ -292,12 +293,13 @@ def _train(args):
     ratio_increase = DEFAULT_RATIO_INCREASE if args.ratio_increase is None else args.ratio_increase
     check_lora_arguments(args)
     require(args.lora_r is not None or args.lora_on is None, "--lora-on needs --lora-r")
+    device_settings = training_device_settings(args)
     check_output_dir(args.output_dir, args.overwrite)
     if args.plot:
         require_matplotlib()
     dataset = load_text_dataset(args.train_file)
     eval_texts = _evaluation_texts(args) if args.eval_file else None
-    model, processor = _load_optimus(args)
+    model, processor = load_optimus(args.model, args.trust_remote_code)  # float32 weights: Trainer places them
     config = model.config
     for name in ("beta", "dim_target_kl", "fb_mode", "length_weighted_loss"):
         if getattr(args, name) is not None:
@@ -319,7 +321,7 @@ def _train(args):
             learning_rate=args.learning_rate, n_cycles=args.n_cycles, ratio_zero=ratio_zero,
             ratio_increase=ratio_increase, logging_steps=args.logging_steps, seed=args.seed,
             max_length=max_length, log_to_stderr=True, save_steps=args.save_steps,
-            **run_reporting_settings(args),
+            **run_reporting_settings(args), **device_settings,
         )
         # LoRA merged: the folder holds a plain Optimus model, as without LoRA
         saved = trained.merge_and_unload() if isinstance(trained, PeftModel) else trained
@@ -338,5 +340,5 @@ def _train(args):
 
 def _evaluate(args):
     texts = _evaluation_texts(args)
-    model, processor = _load_optimus(args)
+    model, processor = load_optimus(args.model, args.trust_remote_code, **model_loading_settings(args))
     print(json.dumps(_evaluation(args, model, processor, texts)))

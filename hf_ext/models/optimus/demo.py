@@ -27,6 +27,7 @@ from typing import Any
 from transformers import PretrainedConfig, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from ...arguments import positive_int
+from ...cli_utils import add_device_arguments, training_device_settings
 
 DEMO_REPO_ID = "hf-ext/optimus-demo"
 MARKER = ".hf-ext-demo"
@@ -70,6 +71,7 @@ def add_demo_command(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-steps", type=positive_int, default=DEFAULT_STEPS,
                         help=f"training steps (default {DEFAULT_STEPS})")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    add_device_arguments(parser, training=True)
     parser.set_defaults(handler=run_demo)
 
 
@@ -149,6 +151,7 @@ def _run_demo(args: argparse.Namespace) -> None:
     from .training import finetune_optimus
 
     started = time.monotonic()
+    device_settings = training_device_settings(args)
     workdir = args.workdir
     if workdir.exists():
         if not (workdir / MARKER).exists():
@@ -194,7 +197,8 @@ def _run_demo(args: argparse.Namespace) -> None:
                                ratio_zero=RATIO_ZERO, ratio_increase=RATIO_INCREASE,
                                logging_steps=max(1, args.max_steps // 40),
                                warmup_steps=min(WARMUP_STEPS, args.max_steps // 10), seed=args.seed, print_logs=False,
-                               disable_tqdm=True, callbacks=[ProgressLines(started, max(1, args.max_steps // 8))])
+                               disable_tqdm=True, callbacks=[ProgressLines(started, max(1, args.max_steps // 8))],
+                               **device_settings)
     with contextlib.suppress(OSError):  # Trainer makes its working folder; the demo saves no checkpoint there
         (workdir / "trainer").rmdir()
     model.save_pretrained(workdir / "finetuned")
@@ -269,8 +273,9 @@ def _run_demo(args: argparse.Namespace) -> None:
         # the shown sentences, and those the interpolation passes through
         passed = {index for index, sentence in enumerate(plotted) if sentence in dict(steps).values()}
         labelled = sorted({*SHOWN, *INTERPOLATION_ENDS} | passed)
-        plot_latent_space(all_means.numpy(), plotted, workdir / "demo.png",
-                          interpolation=(path_latents.numpy(), steps), labelled=labelled,
+        # from the device Trainer trained on
+        plot_latent_space(all_means.cpu().numpy(), plotted, workdir / "demo.png",
+                          interpolation=(path_latents.cpu().numpy(), steps), labelled=labelled,
                           log_history=trainer.state.log_history, title="hf-ext demo: Optimus on the bundled sentences")
         print(f" and {workdir / 'demo.png'} (the latent space and the training curves)")
     except HfExtError as missing_matplotlib:

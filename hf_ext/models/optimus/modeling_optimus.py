@@ -80,6 +80,16 @@ class OptimusOutput(ModelOutput):
     encoder_attentions: tuple[torch.Tensor, ...] | None = None
 
 
+def standard_normal(shape: tuple[int, ...] | torch.Size, generator: torch.Generator | None,
+                    device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """N(0, I) draws of `shape` on `device` in `dtype`, drawn in at least float32 where `generator` lives (on `device`
+    without one) and then moved: a seeded CPU generator gives the same draws, rounded to `dtype`, for a model on any
+    device and in any dtype."""
+    drawn = torch.randn(shape, generator=generator, device=generator.device if generator is not None else device,
+                        dtype=torch.promote_types(dtype, torch.float32))
+    return drawn.to(device=device, dtype=dtype)
+
+
 def kl_per_dimension(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
     """KL(N(mean, exp(logvar)) || N(0, I)) of each latent dimension."""
     return 0.5 * (mean.pow(2) + logvar.exp() - logvar - 1)
@@ -241,14 +251,14 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
     @staticmethod
     def reparameterize(mean: torch.Tensor, logvar: torch.Tensor, generator: torch.Generator | None = None,
                        ) -> torch.Tensor:
-        """z = mean + eps * exp(logvar / 2), eps ~ N(0, I)."""
-        eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        """z = mean + eps * exp(logvar / 2), eps ~ N(0, I) (drawn as `standard_normal` draws)."""
+        eps = standard_normal(mean.shape, generator, mean.device, mean.dtype)
         return mean + eps * torch.exp(0.5 * logvar)
 
     def sample_prior(self, num_samples: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """`num_samples` latents from the N(0, I) prior."""
-        return torch.randn(num_samples, self.config.latent_size, generator=generator, device=self.device,
-                           dtype=self.dtype)
+        """`num_samples` latents from the N(0, I) prior, on the model's device and in its dtype (drawn as
+        `standard_normal` draws: a seeded CPU generator gives the same latents on every device)."""
+        return standard_normal((num_samples, self.config.latent_size), generator, self.device, self.dtype)
 
     @staticmethod
     def interpolate(z_start: torch.Tensor, z_end: torch.Tensor, num_steps: int) -> torch.Tensor:

@@ -108,7 +108,7 @@ class OptimusTextGenerationPipeline(_OptimusPipeline):
                                  f"shape {list(latent_z.shape)}")
             return {"latent_z": latent_z.reshape(-1, latent_size)}
         assert num_samples is not None  # __call__ passes no input only with num_samples
-        generator = None if seed is None else torch.Generator(device=self.model.device).manual_seed(seed)
+        generator = None if seed is None else torch.Generator().manual_seed(seed)
         return {"latent_z": self.model.sample_prior(num_samples, generator)}  # type: ignore[operator]
 
     def _forward(self, model_inputs: dict[str, Any],  # type: ignore[override]

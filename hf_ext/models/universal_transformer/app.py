@@ -4,7 +4,7 @@ ACT, the ponder time N + R of every encoder and decoder position, as a heatmap a
 The API name (gradio_client): `halting_map`. Needs gradio (`hf-ext[app]`), which `build_app`
 imports; not imported by the package."""
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...hub import model_name
 from ...serve import MAX_TEXT_CHARS, checked_int, checked_text, user_errors
@@ -53,11 +53,13 @@ class UniversalTransformerApp:
         return figure, table
 
 
-def build_app(source: str, trust_remote_code: bool = False) -> "gr.Blocks":
-    """The halting-map viewer of the Universal Transformer in `source` (a folder or Hub repo id)."""
+def build_app(source: str, trust_remote_code: bool = False, model_kwargs: dict[str, Any] | None = None,
+              ) -> "gr.Blocks":
+    """The halting-map viewer of the Universal Transformer in `source` (a folder or Hub repo id); `model_kwargs` go
+    to the model's `from_pretrained` (`dtype`, `device_map`)."""
     import gradio as gr
 
-    model, tokenizer = load_model_and_tokenizer(source, trust_remote_code)
+    model, tokenizer = load_model_and_tokenizer(source, trust_remote_code, **(model_kwargs or {}))
     app = UniversalTransformerApp(model, tokenizer)
     config = model.config
     kind = "seq2seq" if isinstance(model, UniversalTransformerForSeq2SeqLM) else "encoder"

@@ -5,7 +5,15 @@ import argparse
 import json
 
 from ...arguments import fraction, positive_float, positive_int
-from ...cli_utils import add_model_argument, add_run_reporting_arguments, model_commands, run_reporting_settings
+from ...cli_utils import (
+    add_device_arguments,
+    add_model_argument,
+    add_run_reporting_arguments,
+    model_commands,
+    model_loading_settings,
+    run_reporting_settings,
+    training_device_settings,
+)
 from ...errors import require
 from . import conversion
 from .loading import load_model_and_tokenizer
@@ -34,6 +42,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="steps per logged average (default 100)")
     add_run_reporting_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and the weights (default 0)")
+    add_device_arguments(parser, training=True)
     parser.set_defaults(handler=_train_algorithmic)
 
     parser = tools.add_parser(
@@ -45,6 +54,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("out", help="image to write (PNG, or another format matplotlib knows from the suffix)")
     parser.add_argument("--max-new-tokens", type=positive_int,
                         help="longest greedy output of a seq2seq model (default: the input length plus one)")
+    add_device_arguments(parser)
     parser.set_defaults(handler=_halting_map)
 
 
@@ -84,6 +94,7 @@ def _train_algorithmic(args):
     require(args.task != "addition" or args.train_length >= 3, "addition needs --train-length of at least 3")
     require(args.test_length > args.train_length, "--test-length must exceed --train-length")
     require(args.hidden_size % args.num_heads == 0, "--hidden-size must be divisible by --num-heads")
+    device_settings = training_device_settings(args)
     check_output_dir(args.output_dir, args.overwrite)
     config = algorithmic_config(hidden_size=args.hidden_size, num_attention_heads=args.num_heads,
                                 intermediate_size=args.intermediate_size, act_max_steps=args.act_max_steps,
@@ -98,7 +109,7 @@ def _train_algorithmic(args):
                               test_length=args.test_length, num_train=args.num_train, num_test=args.num_test,
                               max_steps=args.max_steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
                               seed=args.seed, logging_steps=args.logging_steps, log_to_stderr=True,
-                              **run_reporting_settings(args))
+                              **run_reporting_settings(args), **device_settings)
         results = {"task": args.task, "architecture": args.architecture, "parameters": run.parameters,
                    "train_length": args.train_length, "test_length": args.test_length,
                    "max_steps": args.max_steps, "train_loss": run.train_loss,
@@ -130,7 +141,7 @@ def _halting_map(args):
     out = Path(args.out)
     require(out.parent.is_dir(), f"the folder of {out} does not exist")
     require_matplotlib()
-    model, tokenizer = load_model_and_tokenizer(args.model, args.trust_remote_code)
+    model, tokenizer = load_model_and_tokenizer(args.model, args.trust_remote_code, **model_loading_settings(args))
     rows = halting_map(model, tokenizer, args.text, max_new_tokens=args.max_new_tokens)
     plot_halting_map(rows, out, title=f"Halting map of {args.text!r}")
     print(json.dumps({"out": str(out), "rows": [{"side": row.side, "tokens": row.tokens,

@@ -93,7 +93,8 @@ class KeysAndValuesWithHalted(torch.autograd.Function):
         ctx.save_for_backward(projected, scale, signal_term, running, running_index)
         ctx.key_depth = key_depth
         keys_values = torch.addcmul(bias, projected, scale).addcmul_(scale, signal_term)
-        keys_values.view(-1, rows.shape[-1]).index_copy_(0, running_index, rows)
+        # rows in the frozen terms' dtype: autocast makes them bfloat16 or float16 (their gradient is cast back)
+        keys_values.view(-1, rows.shape[-1]).index_copy_(0, running_index, rows.to(keys_values.dtype))
         return keys_values[..., :key_depth], keys_values[..., key_depth:]
 
     @staticmethod
@@ -143,8 +144,10 @@ class FrozenKeyValues:
         if self.weight is None:
             return
         # keys and values side by side, each product done once for both: A, K b and A c_s of every step
-        self.folded, self.bias = self.weight * norm.weight, self.weight @ norm.bias
-        self.signal_terms = centred @ self.folded.T
+        # in the states' dtype: autocast makes the products bfloat16 or float16, which the hand-written backward of
+        # KeysAndValuesWithHalted does not mix with its float32 gradients
+        self.folded, self.bias = self.weight * norm.weight, (self.weight @ norm.bias).to(state.dtype)
+        self.signal_terms = (centred @ self.folded.T).to(state.dtype)
         self.projected = state.new_zeros(*state.shape[:2], self.weight.shape[0])
         self.scales = state.new_zeros(*state.shape[:2], len(signals))  # r of every position and step
 
@@ -161,7 +164,7 @@ class FrozenKeyValues:
         covariance = wide @ self.signals.T / centred.shape[-1]
         variance = (wide.square().mean(-1, keepdim=True) + 2 * covariance + self.signal_variance).clamp(min=0)
         self.scales = fill_rows(self.scales, halted_index, self.norm.inverse_scale(variance).to(self.scales.dtype))
-        self.projected = fill_rows(self.projected, halted_index, centred @ self.folded.T)
+        self.projected = fill_rows(self.projected, halted_index, (centred @ self.folded.T).to(self.projected.dtype))
         self.any_frozen = True
 
     def __call__(self, step: int) -> tuple[torch.Tensor, ...] | None:
