@@ -259,7 +259,7 @@ def tables(results: dict) -> str:
     editing = markdown_table([f"editing ({first['editing']['edits']} edits per seed)", "target reached, other "
                               "parts kept", "target reached", "other parts kept"], edit_rows)
     claim_rows = [[claim, holds(results, test)] for claim, test in claims(results)]
-    return "\n\n".join([single, pairs, editing, markdown_table(["goal", "holds in (seeds)"], claim_rows)])
+    return "\n\n".join([single, pairs, editing, markdown_table(["claim", "holds in (seeds)"], claim_rows)])
 
 
 def draw(pyplot, results: dict, path: Path) -> None:

@@ -47,12 +47,13 @@ def register_attribute_commands(tools: argparse._SubParsersAction) -> None:
         parser.add_argument("--strength", type=positive_float, default=1.0,
                             help="weight of the attributes' energy (default 1.0)")
         parser.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens to generate (default 32)")
-        parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
         parser.set_defaults(handler=handler)
         return parser
 
-    flow_tool("sample", "decode latents drawn with the requested attributes (LatentOps' ODE sampler)",
-              _sample).add_argument("--num", type=positive_int, default=5, help="how many sentences (default 5)")
+    parser = flow_tool("sample", "decode latents drawn with the requested attributes (LatentOps' ODE sampler)",
+                       _sample)
+    parser.add_argument("--num", type=positive_int, default=5, help="how many sentences (default 5)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     flow_tool("edit", "move sentences' latents to the requested attributes, keeping the other operators' "
               "attributes, and decode them", _edit).add_argument("texts", nargs="+", type=sentence,
                                                                  help="sentences")
