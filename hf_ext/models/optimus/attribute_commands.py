@@ -64,11 +64,11 @@ def _labelled(path: Path) -> tuple[list[str], list[str]]:
 
     texts, labels = [], []
     for where, row in json_lines(path, "--data"):
-        require(isinstance(row, dict) and isinstance(row.get("text"), str) and row["text"].strip()
-                and isinstance(row.get("label"), str | int) and str(row["label"]).strip(),
+        text, label = (row.get("text"), row.get("label")) if isinstance(row, dict) else (None, None)
+        require(isinstance(text, str) and text.strip() and isinstance(label, str | int) and str(label).strip(),
                 f'{where}: expected {{"text": "...", "label": "..."}} with a non-empty text and label')
-        texts.append(row["text"])
-        labels.append(str(row["label"]).strip())
+        texts.append(str(text))
+        labels.append(str(label).strip())
     counts = Counter(labels)
     require(len(counts) >= 2, f"--data {path} needs sentences of at least 2 labels, got "
             f"{', '.join(map(repr, counts)) or 'none'}")

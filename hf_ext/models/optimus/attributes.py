@@ -14,7 +14,7 @@ du/dt = -1/2 beta(t) grad_u sum_i log p(a_i | z(u)) in the coordinates u where p
 climbs the classifiers' log-probabilities and stops moving where they saturate, near where it started.
 
 One difference, and why: LatentOps' p(z) is the prior N(0, I), assuming the VAE's aggregate posterior matches it.
-A small Optimus' does not (the demo model's posterior means lie around a point 2.6 from the origin, with
+A small Optimus' does not (in one demo model the posterior means lie around a point 2.6 from the origin, with
 per-dimension spreads from 0.05 to 0.9; prior samples decode to well-formed sentences 28% of the time). Here p(z)
 is instead a Gaussian fitted to the posterior means of the sentences the operators were trained on (each operator
 stores its fit; several are averaged), z = mean + L u with L its Cholesky factor: sampling starts where sentences
@@ -30,13 +30,12 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:  # the latent space imports this module
-    from .latent_space import OptimusLatentSpace
+if TYPE_CHECKING:
     from .modeling_optimus import OptimusModel
 
 ATTRIBUTES_FOLDER = "latent_attributes"
@@ -54,6 +53,14 @@ POSTERIOR_SAMPLES = 8  # latents drawn from each labelled sentence's posterior t
 SHRINKAGE = 0.05  # of the fitted covariance towards the identity times its mean variance
 
 
+class SentenceEncoder(Protocol):
+    """What training an operator reads: an `OptimusLatentSpace` (which imports this module)."""
+
+    model: "OptimusModel"
+
+    def encode(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 def latent_fingerprint(model: "OptimusModel") -> str:
     """A hash of what makes a latent space: the latent size and the encoder's projection to it (at bfloat16
     precision, so that the same model loaded in another float dtype keeps its operators)."""
@@ -67,6 +74,9 @@ class LatentAttribute(nn.Module):
     """A classifier of one attribute on z: p(label | z) by a one-hidden-layer MLP on the latent whitened by the
     Gaussian fit of the latents it was trained on (`latent_mean`, and `latent_scale` its covariance's Cholesky
     factor)."""
+
+    latent_mean: torch.Tensor
+    latent_scale: torch.Tensor
 
     def __init__(self, name: str, labels: Sequence[str], latent_size: int, hidden_size: int = HIDDEN_SIZE,
                  fingerprint: str = "") -> None:
@@ -163,7 +173,7 @@ def load_latent_attributes(source: str | Path, model: "OptimusModel") -> dict[st
     return operators
 
 
-def train_latent_attribute(space: "OptimusLatentSpace", texts: Sequence[str], labels: Sequence[str], name: str,
+def train_latent_attribute(space: SentenceEncoder, texts: Sequence[str], labels: Sequence[str], name: str,
                            hidden_size: int = HIDDEN_SIZE, steps: int = TRAINING_STEPS,
                            posterior_samples: int = POSTERIOR_SAMPLES, learning_rate: float = 1e-2,
                            weight_decay: float = 1e-2, seed: int = 0) -> LatentAttribute:

@@ -216,8 +216,8 @@ def plot_attribute_map(latent_map: dict, path: str | Path, title: str | None = N
         axis.scatter(points[chosen, 0], points[chosen, 1], s=14, color=colours[index], label=label)
     path_points = np.asarray(latent_map["path"])
     axis.plot(path_points[:, 0], path_points[:, 1], "-", color="black", linewidth=2, label="edit path")
-    axis.scatter(*path_points[0], marker="o", s=80, facecolors="none", edgecolors="black")
-    axis.scatter(*path_points[-1], marker="*", s=160, color="black")
+    axis.scatter(path_points[0, 0], path_points[0, 1], marker="o", s=80, facecolors="none", edgecolors="black")
+    axis.scatter(path_points[-1, 0], path_points[-1, 1], marker="*", s=160, color="black")
     axis.set_xlabel("along the edit")
     axis.set_ylabel("principal axis orthogonal to it")
     axis.set_title(f"regions of the {latent_map['part']} operator (shaded) and posterior means (dots, by their "
