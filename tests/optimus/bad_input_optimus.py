@@ -223,7 +223,65 @@ COMMAND_CASES = {
         lambda tmp, folder: ["optimus", "train", folder, "--train-file", written(tmp / "t.txt", "a dog runs .\n"),
                              "--output-dir", tmp / "out", "--dtype", "auto"], 2,
         "argument --dtype: invalid choice: 'auto'"),
+    # hf-ext optimus attribute: operators, requests and labelled data
+    "guided sampling without operators": (
+        lambda tmp, folder: ["optimus", "attribute", "sample", folder, "--attribute", "subject=a man"], 1,
+        "holds no latent attribute operators"),
+    "an unknown attribute": (
+        lambda tmp, folder: ["optimus", "attribute", "sample", folder, "--operators", operator(tmp, folder),
+                             "--attribute", "mood=happy"], 1, "unknown attribute 'mood'; the operators are: subject"),
+    "a label the operator does not know": (
+        lambda tmp, folder: ["optimus", "attribute", "edit", folder, "a man is reading .", "--operators",
+                             operator(tmp, folder), "--attribute", "subject=a dog"], 1,
+        "attribute 'subject' has no label 'a dog'"),
+    "an operator of another model": (
+        lambda tmp, folder: ["optimus", "attribute", "sample", folder, "--operators",
+                             operator(tmp, folder, fingerprint="0" * 16), "--attribute", "subject=a man"], 1,
+        "was trained on another model (fingerprint 0000000000000000"),
+    "an operator of another latent size": (
+        lambda tmp, folder: ["optimus", "attribute", "sample", folder, "--operators",
+                             operator(tmp, folder, latent_size=7), "--attribute", "subject=a man"], 1,
+        "is for a latent size of 7, the model's is 5"),
+    "a contradictory request": (
+        lambda tmp, folder: ["optimus", "attribute", "sample", folder, "--operators", operator(tmp, folder),
+                             "--attribute", "subject=a man", "--attribute", "subject=a woman"], 1,
+        "contradictory request: attribute 'subject' asked to be both 'a man' and 'a woman'"),
+    "an attribute without a label": (
+        lambda tmp, folder: ["optimus", "attribute", "sample", folder, "--attribute", "subject"], 1,
+        "'subject': write an attribute as name=label"),
+    "no attribute requested": (lambda tmp, folder: ["optimus", "attribute", "sample", folder], 2,
+                               "the following arguments are required: --attribute"),
+    "labelled data of one label": (
+        lambda tmp, folder: ["optimus", "attribute", "train", folder, tmp / "out", "--name", "subject", "--data",
+                             written(tmp / "d.jsonl", '{"text": "a man is reading .", "label": "a man"}\n')], 1,
+        "needs sentences of at least 2 labels, got 'a man'"),
+    "labelled data without labels": (
+        lambda tmp, folder: ["optimus", "attribute", "train", folder, tmp / "out", "--name", "subject", "--data",
+                             written(tmp / "d.jsonl", '{"text": "a man is reading ."}\n')], 1,
+        'd.jsonl, line 1: expected {"text": "...", "label": "..."}'),
+    "empty labelled data": (
+        lambda tmp, folder: ["optimus", "attribute", "train", folder, tmp / "out", "--name", "subject", "--data",
+                             written(tmp / "d.jsonl", "\n")], 1, "needs sentences of at least 2 labels, got none"),
+    "an attribute name that is no file name": (
+        lambda tmp, folder: ["optimus", "attribute", "train", folder, tmp / "out", "--name", "../up", "--data",
+                             written(tmp / "d.jsonl", "")], 1, "--name '../up': use letters, digits"),
+    "an operator that exists": (
+        lambda tmp, folder: ["optimus", "attribute", "train", folder, operator(tmp, folder), "--name", "subject",
+                             "--data", written(tmp / "d.jsonl", "")], 1,
+        "latent_attributes/subject already exists (pass --overwrite to replace it)"),
 }
+
+
+def operator(tmp, folder, fingerprint=None, latent_size=None):
+    """A folder holding a `subject` operator (labels "a man", "a woman") for the model in `folder`."""
+    from hf_ext.models.optimus import OptimusModel
+    from hf_ext.models.optimus.attributes import ATTRIBUTES_FOLDER, LatentAttribute, latent_fingerprint
+
+    model = OptimusModel.from_pretrained(folder)
+    LatentAttribute("subject", ["a man", "a woman"], latent_size or model.config.latent_size,
+                    fingerprint=latent_fingerprint(model) if fingerprint is None else fingerprint).save(
+        tmp / "operators" / ATTRIBUTES_FOLDER / "subject")
+    return tmp / "operators"
 
 
 def initialised(tmp, encoder, decoder):

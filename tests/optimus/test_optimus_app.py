@@ -22,7 +22,7 @@ def space(optimus_sample_folder):
 
 def test_the_api_names_are_stable(client):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
-    assert sorted(endpoints) == ["/analogy", "/interpolate", "/reconstruct", "/sample"]
+    assert sorted(endpoints) == ["/analogy", "/edit", "/guided_sample", "/interpolate", "/reconstruct", "/sample"]
     assert [p["parameter_name"] for p in endpoints["/interpolate"]["parameters"]] == [
         "start", "end", "steps", "decoding", "num_beams", "top_p", "seed"]
 

@@ -1,9 +1,11 @@
 """The Optimus app of `hf-ext serve`: a latent-space explorer. Reconstruct a sentence, walk the line between two
 sentences' posterior means (the whole path listed, a slider over t), complete an analogy, decode samples from the
-prior, and see the posterior means of the sentences entered so far on a plane with the interpolation path.
+prior, and see the posterior means of the sentences entered so far on a plane with the interpolation path. Where the
+folder holds latent attribute operators (`latent_attributes/`), sample with requested attributes and edit sentences
+towards them.
 
-The API names (gradio_client): `reconstruct`, `interpolate`, `analogy`, `sample`. Needs gradio (`hf-ext[app]`), which
-`build_app` imports; not imported by the package."""
+The API names (gradio_client): `reconstruct`, `interpolate`, `analogy`, `sample`, `guided_sample`, `edit`. Needs
+gradio (`hf-ext[app]`), which `build_app` imports; not imported by the package."""
 
 from typing import TYPE_CHECKING, Any
 
@@ -49,8 +51,10 @@ class OptimusApp:
     """The app's functions over one `OptimusLatentSpace`: the API ones take and return plain values, the others
     draw the latent map from the sentences a session entered."""
 
-    def __init__(self, space: OptimusLatentSpace) -> None:
+    def __init__(self, space: OptimusLatentSpace, operators: dict | None = None, missing_operators: str = "") -> None:
         self.space = space
+        self.operators = operators
+        self.missing_operators = missing_operators  # why there are none, for the guided functions' answer
 
     def reconstruct(self, sentence: str, decoding: str, num_beams: float, top_p: float, seed: float) -> str:
         text = checked_text(sentence, "the sentence")
@@ -84,6 +88,28 @@ class OptimusApp:
         generator = torch.Generator().manual_seed(int(seed))
         latents = self.space.model.sample_prior(count, generator) * temperature
         return self.space.decode(latents, **options)
+
+    def _request(self, attributes: str) -> dict[str, str]:
+        from .attributes import parse_request, resolve_request
+
+        if self.operators is None:
+            raise HfExtError(self.missing_operators)
+        request = parse_request(part for part in checked_text(attributes, "the attributes").split(";") if part.strip())
+        resolve_request(self.operators, request)
+        return request
+
+    def guided_sample(self, attributes: str, count: float, seed: float) -> list[str]:
+        """Sentences with the requested attributes (`name=label; name=label`), greedy decoding."""
+        request = self._request(attributes)
+        count = checked_int(count, "samples", 1, MAX_SAMPLES)
+        generator = torch.Generator(device=self.space.model.device).manual_seed(checked_int(seed, "seed", 0,
+                                                                                           2**31 - 1))
+        return self.space.guided_sample(request, count, operators=self.operators, generator=generator)
+
+    def edit(self, sentence: str, attributes: str) -> str:
+        """The sentence moved to the requested attributes, the operators' other attributes kept, greedy decoding."""
+        text = checked_text(sentence, "the sentence")
+        return self.space.edit([text], self._request(attributes), operators=self.operators)[0]
 
     def remember(self, sentences: list[str] | None, *texts: str | None) -> list[str]:
         """The session's sentences with `texts` added (those not empty, too long, or there already), latest last."""
@@ -124,9 +150,16 @@ def build_app(source: str, trust_remote_code: bool = False, model_kwargs: dict[s
     `from_pretrained` (`dtype`, `device_map`)."""
     import gradio as gr
 
+    from .attributes import load_latent_attributes
+
     model, processor = load_optimus(source, trust_remote_code, **(model_kwargs or {}))
     limit = model.config.max_decoder_tokens
-    app = OptimusApp(OptimusLatentSpace(model, processor, max_new_tokens=min(MAX_NEW_TOKENS, limit)))
+    try:
+        operators, missing = load_latent_attributes(source, model), ""
+    except ValueError as error:  # none, or trained on another model: the other tabs still work
+        operators, missing = None, str(error)
+    app = OptimusApp(OptimusLatentSpace(model, processor, max_new_tokens=min(MAX_NEW_TOKENS, limit)), operators,
+                     missing)
     examples = bundled_sentences()
     text: dict[str, Any] = dict(max_length=MAX_TEXT_CHARS, lines=1)
 
@@ -172,6 +205,19 @@ def build_app(source: str, trust_remote_code: bool = False, model_kwargs: dict[s
                                         label="temperature (z = temperature x N(0, I))")
             sample_button = gr.Button("Sample", variant="primary")
             samples = gr.JSON(label="sentences")
+        with gr.Tab("Guided"):
+            gr.Markdown("Attribute operators of this folder: " + (
+                "; ".join(f"`{name}`: {', '.join(operator.labels)}" for name, operator in operators.items())
+                if operators else missing) + ". Request attributes as `name=label; name=label`; decoding is greedy.")
+            attributes = gr.Textbox(label="attributes", elem_id="attributes", **text)
+            with gr.Row():
+                guided_count = gr.Slider(1, MAX_SAMPLES, value=5, step=1, label="samples")
+                guided_seed = gr.Number(0, precision=0, minimum=0, label="seed")
+                guided_button = gr.Button("Sample with these attributes", variant="primary")
+            guided_samples = gr.JSON(label="sentences")
+            edited_sentence = gr.Textbox(label="sentence to edit", elem_id="edited_sentence", **text)
+            edit_button = gr.Button("Edit to these attributes", variant="primary")
+            edited = gr.Textbox(label="edited", elem_id="edited", interactive=False)
         latent_map = gr.Plot(label="latent space", format="png", elem_id="latent_map")
 
         draw, remember = user_errors(app.latent_map), app.remember
@@ -190,4 +236,7 @@ def build_app(source: str, trust_remote_code: bool = False, model_kwargs: dict[s
             draw, [sentences, start, end, steps], latent_map, api_visibility="private")
         sample_button.click(user_errors(app.sample), [count, temperature, *decoding_options], samples,
                             api_name="sample")
+        guided_button.click(user_errors(app.guided_sample), [attributes, guided_count, guided_seed], guided_samples,
+                            api_name="guided_sample")
+        edit_button.click(user_errors(app.edit), [edited_sentence, attributes], edited, api_name="edit")
     return blocks

@@ -30,6 +30,7 @@ from ...cli_utils import (
 )
 from ...errors import require
 from . import conversion
+from .attribute_commands import register_attribute_commands
 from .configuration_optimus import ENCODER_POOLINGS
 from .demo import add_demo_command
 from .loading import load_optimus
@@ -74,6 +75,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     for name in ("a", "b", "c"):
         parser.add_argument(name, type=sentence, help=f"sentence {name}")
     parser.add_argument("--degree", type=float, default=1.0, help="how far to move (default 1.0)")
+    register_attribute_commands(tools)
     _register_init(tools)
     _register_training_tools(tools)
     add_demo_command(tools)

@@ -1,4 +1,5 @@
-"""Sentence-level operations in Optimus' latent space: encode, reconstruct, sample, interpolate, analogy."""
+"""Sentence-level operations in Optimus' latent space: encode, reconstruct, sample, interpolate, analogy, and with
+latent attribute operators (`attributes`) guided sampling and editing."""
 
 from collections.abc import Iterable
 from typing import Any
@@ -87,6 +88,35 @@ class OptimusLatentSpace:
         mean, _ = self.encode([text_a, text_b, text_c])
         latent = self.model.analogy(mean[0:1], mean[1:2], mean[2:3], degree)
         return self.decode(latent, **generation_kwargs)[0]
+
+    def latent_attributes(self, source: str | None = None) -> dict:
+        """The attribute operators of `source` (a folder or Hub repo id; default the model's own folder), checked
+        against this model."""
+        from .attributes import load_latent_attributes
+
+        return load_latent_attributes(source or self.model.name_or_path, self.model)
+
+    def guided_sample(self, attributes: dict[str, str], num_samples: int, operators: dict | None = None,
+                      generator: torch.Generator | None = None, steps: int | None = None, strength: float = 1.0,
+                      **generation_kwargs: Any) -> list[str]:
+        """Decode latents drawn from p(z | attributes) (`attributes`: `{name: label}` of the operators, by
+        default those stored in the model's folder), LatentOps' ODE sampler."""
+        from .attributes import FLOW_STEPS, guided_latents
+
+        operators = self.latent_attributes() if operators is None else operators
+        latents = guided_latents(operators, attributes, num_samples, self.model.config.latent_size, generator,
+                                 steps or FLOW_STEPS, strength, self.model.device)
+        return self.decode(latents.to(self.model.dtype), **generation_kwargs)
+
+    def edit(self, texts: str | Iterable[str], attributes: dict[str, str], operators: dict | None = None,
+             steps: int | None = None, strength: float = 1.0, **generation_kwargs: Any) -> list[str]:
+        """Move each text's posterior mean to the requested attribute labels, the other operators' attributes held
+        as they are, and decode it."""
+        from .attributes import FLOW_STEPS, edited_latents
+
+        operators = self.latent_attributes() if operators is None else operators
+        latents, _ = edited_latents(operators, self.encode(texts)[0], attributes, steps or FLOW_STEPS, strength)
+        return self.decode(latents.to(self.model.dtype), **generation_kwargs)
 
 
 __all__ = ["OptimusLatentSpace"]

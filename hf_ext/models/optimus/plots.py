@@ -194,5 +194,45 @@ def plot_interpolation_table(rows: Iterable[tuple[float, str]], path: str | Path
     return Path(path)
 
 
-__all__ = ["curves_from_log_history", "latent_space_figure", "plot_interpolation_table", "plot_latent_space",
-           "plot_training_curves", "project_to_plane", "require_matplotlib"]
+def plot_attribute_map(latent_map: dict, path: str | Path, title: str | None = None) -> Path:
+    """PNG of an attribute operator's regions on a plane of the latent space, with posterior means coloured by their
+    label and an edit's path. `latent_map`: `x`, `y` (the grid's coordinates), `regions` ([y][x] label ids),
+    `labels`, `points` ([n, 2]), `point_labels`, `path` ([m, 2]), `path_texts` (decoded along the path), `part`,
+    `source` and `request`."""
+    import numpy as np
+
+    figure = new_figure(11, 8.5)
+    grid = figure.add_gridspec(4, 1)
+    axis = figure.add_subplot(grid[:3, 0])
+    labels = latent_map["labels"]
+    colours = [f"C{index}" for index in range(len(labels))]
+    from matplotlib.colors import ListedColormap  # matplotlib is there: new_figure asked for it
+
+    axis.contourf(latent_map["x"], latent_map["y"], np.asarray(latent_map["regions"]),
+                  levels=np.arange(len(labels) + 1) - 0.5, cmap=ListedColormap(colours), alpha=0.18)
+    points = np.asarray(latent_map["points"])
+    for index, label in enumerate(labels):
+        chosen = [label == point_label for point_label in latent_map["point_labels"]]
+        axis.scatter(points[chosen, 0], points[chosen, 1], s=14, color=colours[index], label=label)
+    path_points = np.asarray(latent_map["path"])
+    axis.plot(path_points[:, 0], path_points[:, 1], "-", color="black", linewidth=2, label="edit path")
+    axis.scatter(path_points[0, 0], path_points[0, 1], marker="o", s=80, facecolors="none", edgecolors="black")
+    axis.scatter(path_points[-1, 0], path_points[-1, 1], marker="*", s=160, color="black")
+    axis.set_xlabel("along the edit")
+    axis.set_ylabel("principal axis orthogonal to it")
+    axis.set_title(f"regions of the {latent_map['part']} operator (shaded) and posterior means (dots, by their "
+                   f"{latent_map['part']})")
+    axis.legend(loc="best", fontsize=8)
+    listing_axis = figure.add_subplot(grid[3, 0])
+    listing_axis.axis("off")
+    request = ", ".join(f"{name} = {label}" for name, label in latent_map["request"].items())
+    listing_axis.text(0, 1, f"edit of \"{latent_map['source']}\" to {request}, decoded along the path (o to *):\n"
+                      + "\n".join(latent_map["path_texts"]), va="top", fontsize=9, family="monospace")
+    if title:
+        figure.suptitle(title)
+    figure.savefig(Path(path), dpi=100)
+    return Path(path)
+
+
+__all__ = ["curves_from_log_history", "latent_space_figure", "plot_attribute_map", "plot_interpolation_table",
+           "plot_latent_space", "plot_training_curves", "project_to_plane", "require_matplotlib"]
