@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ...arguments import positive_float, positive_int, sentence
-from ...cli_utils import add_model_argument
+from ...cli_utils import add_device_arguments, add_model_argument, model_loading_settings
 from ...errors import HfExtError, require
 from .attributes import ATTRIBUTES_FOLDER, FLOW_STEPS, NAME_PATTERN, TRAINING_STEPS
 from .loading import load_optimus
@@ -33,11 +33,13 @@ def register_attribute_commands(tools: argparse._SubParsersAction) -> None:
                         help=f"optimizer steps (default {TRAINING_STEPS})")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--overwrite", action="store_true", help="replace an operator of the same name")
+    add_device_arguments(parser)
     parser.set_defaults(handler=_train)
 
     def flow_tool(name, help_text, handler):
         parser = group.add_parser(name, help=help_text, description=help_text)
         add_model_argument(parser, "model folder or Hub repo id")
+        add_device_arguments(parser)
         parser.add_argument("--attribute", action="append", default=[], metavar="NAME=LABEL", required=True,
                             help="a requested attribute label (repeat for several)")
         parser.add_argument("--operators", help=f"folder or Hub repo id holding {ATTRIBUTES_FOLDER}/ "
@@ -85,7 +87,7 @@ def _train(args):
     target = args.out / ATTRIBUTES_FOLDER / args.name
     check_output_dir(target, args.overwrite)
     texts, labels = _labelled(args.data)
-    model, processor = load_optimus(args.model, args.trust_remote_code)
+    model, processor = load_optimus(args.model, args.trust_remote_code, **model_loading_settings(args))
     space = OptimusLatentSpace(model, processor)
     attribute = train_latent_attribute(space, texts, labels, args.name, steps=args.steps, seed=args.seed)
     predicted = attribute.predict(space.encode(texts)[0])
@@ -101,7 +103,7 @@ def _operators_and_request(args):
 
     try:
         request = parse_request(args.attribute)
-        model, processor = load_optimus(args.model, args.trust_remote_code)
+        model, processor = load_optimus(args.model, args.trust_remote_code, **model_loading_settings(args))
         operators = load_latent_attributes(args.operators or args.model, model)
         resolve_request(operators, request)
     except ValueError as error:
