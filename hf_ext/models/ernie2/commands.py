@@ -26,6 +26,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--documents", required=True, help="raw documents: .jsonl ({\"paragraphs\": [[sentence, ...], "
                         "...], \"entities\": [...], \"phrases\": [...]}) or text (a sentence per line, a blank line "
                         "between paragraphs, two between documents)")
+    parser.add_argument("--streaming", action="store_true",
+                        help="read --documents (JSON lines: a file, a folder of shards, a glob or a Hub dataset id) "
+                        "as a stream while training, for corpora larger than memory; without it a folder, glob or "
+                        "Hub id is read memory-mapped")
     parser.add_argument("--stages", help="schedule YAML/JSON (default: the paper's four stages, see "
                         "`hf-ext ernie2 schedule`)")
     parser.add_argument("--output-dir", required=True, help="the run's folder (resumed if it holds this run)")
@@ -112,7 +116,8 @@ def _pretrain(args):
     from ...hub import write_training_card
     from ...loading import load_tokenizer
     from ...output import atomic_output_dir
-    from .data import PAIR_TASKS, load_documents, pretraining_datasets
+    from ...streaming import StreamReadError, corpus_error, data_files
+    from .data import PAIR_TASKS, load_documents, pretraining_datasets, read_documents, task_streams
     from .schedule import PAPER_SCHEDULE, ContinualSchedule
     from .training import continual_pretraining, load_pretraining_model
 
@@ -123,7 +128,10 @@ def _pretrain(args):
     for task in PAIR_TASKS:
         require(task not in schedule.tasks or pair_files[task], f"the schedule trains {task}: give its labelled "
                  f"pairs with --{'discourse-pairs' if task == 'discourse_relation' else 'ir-pairs'}")
-    documents = load_documents(args.documents)
+    if args.streaming or not Path(args.documents).is_file():
+        documents = read_documents(args.documents, streaming=args.streaming)
+    else:
+        documents = load_documents(args.documents)
     settings = {"max_reorder_segments": args.max_reorder_segments,
                 "num_discourse_relations": args.num_discourse_relations}
     model = load_pretraining_model(args.model, {k: v for k, v in settings.items() if v is not None},
@@ -132,14 +140,19 @@ def _pretrain(args):
     require(args.max_length <= config.max_position_embeddings,
             f"--max-length {args.max_length} exceeds the model's {config.max_position_embeddings} positions")
     tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
-    datasets = pretraining_datasets(
+    datasets = (task_streams if args.streaming else pretraining_datasets)(
         tokenizer, config, schedule, documents, pair_files, entity_lexicon=args.entity_lexicon,
         phrase_lexicon=args.phrase_lexicon, span_heuristics=not args.no_span_heuristics, max_length=args.max_length,
         mask_probability=args.mask_probability, seed=args.seed)
     training_args = _training_args(args, out, warmup_steps=args.warmup_steps, save_steps=args.save_steps,
                                    save_total_limit=args.save_total_limit, save_strategy="steps")
-    model, histories = continual_pretraining(model, schedule, datasets, training_args, processing_class=tokenizer,
-                                             log_to_stderr=True)
+    try:
+        model, histories = continual_pretraining(model, schedule, datasets, training_args,
+                                                 processing_class=tokenizer, log_to_stderr=True)
+    except StreamReadError as error:  # name the shard and line that failed
+        files = data_files(args.documents, "documents")
+        raise (StreamReadError(corpus_error(files, "documents", error.error), error.kept) if files else error) \
+            from None
     with atomic_output_dir(out / "ernie", overwrite=True) as staging:
         model.save_ernie_pretrained(staging)
         tokenizer.save_pretrained(staging)
