@@ -196,6 +196,22 @@ def train_keeping_progress(trainer: Trainer, resume_from_checkpoint: str | None 
         raise StreamReadError(error.error, kept) from None
 
 
+class RestoreRngStates(TrainerCallback):
+    """Loads the RNG states of `checkpoint` as the first step of a resumed run begins, once its first batches are
+    read (opening the data loader draws a seed): `Trainer` restores them only when it skips the trained batches
+    itself, not with `ignore_data_skip` (a stream moved to its saved position instead)."""
+
+    def __init__(self, trainer: Trainer, checkpoint: str) -> None:
+        self.trainer = trainer
+        self.checkpoint: str | None = checkpoint
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                      **kwargs: Any) -> None:
+        if self.checkpoint is not None:
+            self.trainer._load_rng_state(self.checkpoint)
+            self.checkpoint = None
+
+
 def restore_stream_position(stream: "IterableDataset", checkpoint: str | Path | None, rank: int) -> bool:
     """Move `stream` to the position saved in `checkpoint` for process `rank`; False when there is none (no
     checkpoint, or one saved without it), in which case `Trainer` must skip the trained batches itself."""
@@ -208,6 +224,6 @@ def restore_stream_position(stream: "IterableDataset", checkpoint: str | Path | 
     return True
 
 
-__all__ = ["PositionedStream", "StreamPositionCallback", "StreamReadError", "corpus_error", "data_files",
+__all__ = ["PositionedStream", "RestoreRngStates", "StreamPositionCallback", "StreamReadError", "corpus_error", "data_files",
            "load_json_source", "restore_stream_position", "split_for_process", "stream_dataloader",
            "train_keeping_progress"]

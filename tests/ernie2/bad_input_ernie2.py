@@ -132,4 +132,18 @@ COMMAND_CASES = {
         "its aliases expand it by more than 100000 values (an alias bomb)"),
     "export a folder whose vocabulary links out of it": (export_linking_out, 1,
                                                          "is a link leading out of the folder"),
+    "streamed pretrain from a folder without shards": (lambda tmp, folder: [
+        "ernie2", "pretrain", folder, "--streaming", "--documents", empty_folder(tmp / "shards"), "--output-dir",
+        tmp / "out"], 1, "shards holds no shards (*.jsonl, *.json, *.jsonl.gz, *.json.gz)"),
+    "streamed pretrain from a glob matching no shard": (lambda tmp, folder: [
+        "ernie2", "pretrain", folder, "--streaming", "--documents", tmp / "corpus" / "*.jsonl", "--output-dir",
+        tmp / "out"], 1, "no documents shard matches"),
+    "streamed pretrain from a Hub dataset while offline": (lambda tmp, folder: [
+        "ernie2", "pretrain", folder, "--streaming", "--documents", "someone/corpus", "--output-dir", tmp / "out"],
+        1, "documents someone/corpus is neither a local path nor a reachable Hub dataset"),
 }
+
+
+def empty_folder(path):
+    path.mkdir()
+    return path

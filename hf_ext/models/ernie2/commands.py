@@ -140,13 +140,14 @@ def _pretrain(args):
     require(args.max_length <= config.max_position_embeddings,
             f"--max-length {args.max_length} exceeds the model's {config.max_position_embeddings} positions")
     tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
-    datasets = (task_streams if args.streaming else pretraining_datasets)(
-        tokenizer, config, schedule, documents, pair_files, entity_lexicon=args.entity_lexicon,
-        phrase_lexicon=args.phrase_lexicon, span_heuristics=not args.no_span_heuristics, max_length=args.max_length,
-        mask_probability=args.mask_probability, seed=args.seed)
-    training_args = _training_args(args, out, warmup_steps=args.warmup_steps, save_steps=args.save_steps,
-                                   save_total_limit=args.save_total_limit, save_strategy="steps")
     try:
+        datasets = (task_streams if args.streaming else pretraining_datasets)(
+            tokenizer, config, schedule, documents, pair_files, entity_lexicon=args.entity_lexicon,
+            phrase_lexicon=args.phrase_lexicon, span_heuristics=not args.no_span_heuristics,
+            max_length=args.max_length,
+            mask_probability=args.mask_probability, seed=args.seed)
+        training_args = _training_args(args, out, warmup_steps=args.warmup_steps, save_steps=args.save_steps,
+                                       save_total_limit=args.save_total_limit, save_strategy="steps")
         model, histories = continual_pretraining(model, schedule, datasets, training_args,
                                                  processing_class=tokenizer, log_to_stderr=True)
     except StreamReadError as error:  # name the shard and line that failed

@@ -41,6 +41,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from ...errors import HfExtError
+from ...streaming import StreamReadError
 from ...text_files import json_lines, read_lines
 from . import IGNORE_INDEX, IR_RELEVANCE_CLASSES, PRETRAINING_TASKS, TOKEN_LEVEL_TASKS, sentence_reordering_label
 from .configuration_ernie2 import Ernie2PreTrainingConfig
@@ -56,6 +57,7 @@ DOCUMENT_TASKS = ("knowledge_masking", "capitalization", "token_document_relatio
 PAIR_TASKS = ("discourse_relation", "ir_relevance")
 EXAMPLE_COLUMNS = ("task", "input_ids", "token_type_ids", "labels")
 MASK_PROBABILITY = 0.15
+STREAM_MAP_DOCUMENTS = 64  # documents a stream builds examples from at a time (and sentence distance draws from)
 # ERNIE 1.0 / BERT replacement of a chosen token: [MASK], a random token, or the token itself
 MASK_TOKEN_SHARE, RANDOM_TOKEN_SHARE = 0.8, 0.1
 MAX_PHRASE_WORDS = 4
@@ -549,7 +551,8 @@ class Ernie2DataBuilder:
                 return _columns([example for i, index in enumerate(indices) for example in
                                  self._distance_pairs(sentences, i, self.rng("sentence_distance", index))])
 
-            return documents.map(batch, batched=True, with_indices=True, remove_columns=documents.column_names)
+            return documents.map(batch, batched=True, with_indices=True, remove_columns=documents.column_names,
+                                 batch_size=STREAM_MAP_DOCUMENTS)
         sentences = [[s for paragraph in paragraphs for s in paragraph] for paragraphs in documents["paragraphs"]]
         return self._map_documents(documents, "sentence_distance",
                                    lambda document, rng, index: self._distance_pairs(sentences, index, rng))
@@ -675,7 +678,13 @@ def task_streams(tokenizer: PreTrainedTokenizerFast, config: Ernie2PreTrainingCo
             streams[task] = builder.labelled_pairs(pairs[task], task).to_iterable_dataset()
         else:
             streams[task] = getattr(builder, task)(documents)
-        if next(iter(streams[task].take(1)), None) is None:
+        try:
+            first = next(iter(streams[task].take(1)), None)
+        except HfExtError:
+            raise
+        except Exception as error:  # the reader's own, as in training (`hf_ext.streaming.PositionedStream`)
+            raise StreamReadError(error) from error
+        if first is None:
             raise HfExtError(f"the documents give no {task} examples")
     return streams
 
@@ -695,10 +704,12 @@ def stage_mixture(streams: Mapping[str, "IterableDataset"], stage: "Stage", seed
 
 
 def _progress(dataset, task):
-    """`map`'s progress bar for a map-style dataset; a stream is built while it is read and has none."""
+    """`map`'s progress bar for a map-style dataset; a stream, built while it is read, has none and is built
+    `STREAM_MAP_DOCUMENTS` documents at a time."""
     from datasets import Dataset
 
-    return {"desc": f"ERNIE 2.0 {task} examples"} if isinstance(dataset, Dataset) else {}
+    return {"desc": f"ERNIE 2.0 {task} examples"} if isinstance(dataset, Dataset) else \
+        {"batch_size": STREAM_MAP_DOCUMENTS}
 
 
 def _columns(examples):

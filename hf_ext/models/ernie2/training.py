@@ -42,6 +42,7 @@ from ...metrics import load_metric
 from ...output import atomic_output_dir
 from ...streaming import (
     PositionedStream,
+    RestoreRngStates,
     StreamPositionCallback,
     restore_stream_position,
     split_for_process,
@@ -259,6 +260,8 @@ def continual_pretraining(model: Ernie2ForPreTraining, schedule: ContinualSchedu
         if trainer.stream is not None:
             start = int(Path(checkpoint).name.rsplit("-", 1)[1]) if repositioned and checkpoint else 0
             trainer.add_callback(StreamPositionCallback(trainer.stream, start))
+            if repositioned and checkpoint:
+                trainer.add_callback(RestoreRngStates(trainer, checkpoint))
         if log_to_stderr:
             send_logs_to_stderr(trainer)
         train_keeping_progress(trainer, resume_from_checkpoint=checkpoint)
