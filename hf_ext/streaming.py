@@ -189,6 +189,7 @@ def train_keeping_progress(trainer: Trainer, resume_from_checkpoint: str | None 
         folder = Path(trainer.args.output_dir or ".") / f"checkpoint-{step}"
         if step and not folder.is_dir():
             # Trainer's own checkpoint, then the callbacks' additions, as at a save step
+            assert trainer.model is not None  # a Trainer that trained has its model
             trainer._save_checkpoint(trainer.model, trial=None)
             trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
         kept = (f"; the {step} steps trained are kept in {folder}: correct the data and run the same command to "
@@ -224,6 +225,6 @@ def restore_stream_position(stream: "IterableDataset", checkpoint: str | Path | 
     return True
 
 
-__all__ = ["PositionedStream", "RestoreRngStates", "StreamPositionCallback", "StreamReadError", "corpus_error", "data_files",
-           "load_json_source", "restore_stream_position", "split_for_process", "stream_dataloader",
+__all__ = ["PositionedStream", "RestoreRngStates", "StreamPositionCallback", "StreamReadError", "corpus_error",
+           "data_files", "load_json_source", "restore_stream_position", "split_for_process", "stream_dataloader",
            "train_keeping_progress"]

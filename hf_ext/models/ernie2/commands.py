@@ -25,7 +25,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_model_argument(parser, "converted ERNIE folder, ERNIE 2.0 pre-training folder, or Hub repo id")
     parser.add_argument("--documents", required=True, help="raw documents: .jsonl ({\"paragraphs\": [[sentence, ...], "
                         "...], \"entities\": [...], \"phrases\": [...]}) or text (a sentence per line, a blank line "
-                        "between paragraphs, two between documents)")
+                        "between paragraphs, two between documents); or JSON-lines shards: a folder, a glob or a Hub "
+                        "dataset id")
     parser.add_argument("--streaming", action="store_true",
                         help="read --documents (JSON lines: a file, a folder of shards, a glob or a Hub dataset id) "
                         "as a stream while training, for corpora larger than memory; without it a folder, glob or "

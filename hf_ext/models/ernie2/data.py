@@ -172,7 +172,7 @@ def read_documents(source: str | Path, streaming: bool = False) -> "Dataset | It
 
     features = document_features()
     documents = load_json_source(source, "documents", streaming, features=features)
-    return documents.map(_clean_documents, batched=True, features=features)
+    return documents.map(_clean_documents, batched=True, features=features, batch_size=STREAM_MAP_DOCUMENTS)
 
 
 def load_labelled_pairs(path: str | Path, task: str, num_labels: int = IR_RELEVANCE_CLASSES) -> "Dataset":
