@@ -146,7 +146,7 @@ def main(argv=None):
     parser.add_argument("--workdir", type=Path, help="where to write the corpora (default: a temporary folder)")
     args = parser.parse_args(argv)
     repeats = setup(args, default_repeats=1)
-    documents = 200 if args.quick else args.documents
+    documents = 40 if args.quick else args.documents
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         tokenizer_dir = tokenizer_folder(Path(tmp) / "tokenizer")
         tokenizer = BertTokenizer.from_pretrained(tokenizer_dir)
@@ -179,9 +179,9 @@ def main(argv=None):
         tiny_batches = training_batches(corpus, tokenizer, 4 * steps + 1, BATCH)
         built, base, tiny = [], [], []
         for _ in range(repeats):
-            built.append(build_rate(corpus, tokenizer, 500 if args.quick else 4000))
+            built.append(build_rate(corpus, tokenizer, 100 if args.quick else 4000))
             # the first step of each model is a warm-up
-            base.append(consume_rate(tokenizer, base_batches, base=True))
+            base.append(consume_rate(tokenizer, base_batches, base=not args.quick))  # quick: no base-size model
             tiny.append(consume_rate(tokenizer, tiny_batches, base=False))
         record("examples_per_second", {"built": built, "consumed_base_model": base, "consumed_tiny_model": tiny})
         print(f"  examples/s built {', '.join(f'{r:.0f}' for r in built)}; consumed by the base-size model "

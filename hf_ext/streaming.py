@@ -32,42 +32,44 @@ if TYPE_CHECKING:  # datasets is imported only when data is read
 logger = logging.get_logger(__name__)
 
 SHARD_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
+TEXT_SUFFIXES = (".txt", ".txt.gz")
 STREAM_STATE = "stream_state-rank{rank}.json"
 # owner/name of a Hub dataset (or a bare canonical name): what a source that is no local path may be
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
-def data_files(source: str | Path, what: str) -> list[str] | None:
-    """The shard files of `source` in order: a JSON-lines file, a folder (its `*.jsonl`/`*.json` files, also
-    gzipped), or a glob; None when `source` is no local path but may be a Hub dataset id. One error line for a path
-    that does not exist, a folder without shards or a glob that matches nothing."""
+def data_files(source: str | Path, what: str, suffixes: tuple[str, ...] = SHARD_SUFFIXES) -> list[str] | None:
+    """The shard files of `source` in order: a file, a folder (its files ending in one of `suffixes`: JSON lines by
+    default, also gzipped), or a glob; None when `source` is no local path but may be a Hub dataset id. One error
+    line for a path that does not exist, a folder without shards or a glob that matches nothing."""
     text = str(source)
     path = Path(text)
     if path.is_file():
         return [text]
     if path.is_dir():
-        shards = sorted(str(file) for file in path.iterdir() if file.is_file() and file.name.endswith(SHARD_SUFFIXES))
+        shards = sorted(str(file) for file in path.iterdir() if file.is_file() and file.name.endswith(suffixes))
         if not shards:
-            raise HfExtError(f"{what} folder {path} holds no shards ({', '.join('*' + s for s in SHARD_SUFFIXES)})")
+            raise HfExtError(f"{what} folder {path} holds no shards ({', '.join('*' + s for s in suffixes)})")
         return shards
     if glob.has_magic(text):
         shards = sorted(file for file in glob.glob(text, recursive=True) if Path(file).is_file())
         if not shards:
             raise HfExtError(f"no {what} shard matches {text}")
         return shards
-    if HUB_ID.fullmatch(text) and not text.endswith(SHARD_SUFFIXES):
+    if HUB_ID.fullmatch(text) and not text.endswith(suffixes):
         return None
     raise HfExtError(f"{what} file {path} does not exist")
 
 
 def load_json_source(source: str | Path, what: str, streaming: bool = False, features: "Features | None" = None,
-                     ) -> "Dataset | IterableDataset":
+                     builder: str = "json") -> "Dataset | IterableDataset":
     """`source` (see `data_files`) as the `train` split `load_dataset` gives: JSON lines through its `json` builder
-    with `features`, or the Hub dataset of that id; `streaming` gives an `IterableDataset` (one shard per file).
-    One error line for a Hub id that cannot be reached (offline, or no such dataset)."""
+    with `features` (or text lines through its `text` builder, column `text`), or the Hub dataset of that id;
+    `streaming` gives an `IterableDataset` (one shard per file). One error line for a Hub id that cannot be reached
+    (offline, or no such dataset)."""
     from datasets import load_dataset
 
-    files = data_files(source, what)
+    files = data_files(source, what, SHARD_SUFFIXES if builder == "json" else TEXT_SUFFIXES)
     if files is None:
         try:
             return load_dataset(str(source), split="train", streaming=streaming, features=features)
@@ -75,9 +77,10 @@ def load_json_source(source: str | Path, what: str, streaming: bool = False, fea
             raise HfExtError(f"{what} {source} is neither a local path nor a reachable Hub dataset "
                              f"({one_line(error)})") from None
     try:
-        return load_dataset("json", data_files=files, split="train", streaming=streaming, features=features)
+        return load_dataset(builder, data_files=files, split="train", streaming=streaming, features=features)
     except Exception as error:  # a map-style load parses everything now: report the bad line
-        raise corpus_error(files, what, error) from None
+        raise corpus_error(files, what, error) if builder == "json" else \
+            HfExtError(f"cannot read the {what}: {one_line(error)}") from None
 
 
 def corpus_error(files: list[str], what: str, error: BaseException) -> HfExtError:
@@ -104,6 +107,14 @@ class StreamReadError(HfExtError):
         super().__init__(f"cannot read the stream: {one_line(error)}{kept}")
         self.error = error
         self.kept = kept
+
+
+def is_stream(dataset: object) -> bool:
+    """Whether `dataset` is a `datasets.IterableDataset` (without importing datasets where nothing uses it)."""
+    import sys
+
+    module = sys.modules.get("datasets")
+    return module is not None and isinstance(dataset, module.IterableDataset)
 
 
 def split_for_process(stream: "IterableDataset", args: TrainingArguments) -> "IterableDataset":
@@ -180,8 +191,21 @@ class StreamPositionCallback(TrainerCallback):
 
 
 def train_keeping_progress(trainer: Trainer, resume_from_checkpoint: str | None = None) -> TrainOutput:
-    """`trainer.train(...)`; when its stream cannot be read (`StreamReadError`), the steps trained until then are
-    saved as a checkpoint (with the stream's position) before the error is raised again, naming it."""
+    """`trainer.train(...)` for a trainer that may read a stream (its `stream` attribute, a `PositionedStream`, as
+    `hf_ext.trainer.TermLoggingTrainer` has for a `datasets.IterableDataset`): a resumed run moves the stream to the
+    position saved with the checkpoint, and every checkpoint saves it. When the stream cannot be read
+    (`StreamReadError`), the steps trained until then are saved as a checkpoint (with the stream's position) before
+    the error is raised again, naming it."""
+    stream = getattr(trainer, "stream", None)
+    if isinstance(stream, PositionedStream):
+        repositioned = restore_stream_position(stream.stream, resume_from_checkpoint, trainer.args.process_index)
+        # Trainer would otherwise skip the trained batches by reading them again
+        trainer.args.ignore_data_skip = repositioned
+        start = int(Path(resume_from_checkpoint).name.rsplit("-", 1)[1]) \
+            if repositioned and resume_from_checkpoint else 0
+        trainer.add_callback(StreamPositionCallback(stream, start))
+        if repositioned and resume_from_checkpoint:
+            trainer.add_callback(RestoreRngStates(trainer, resume_from_checkpoint))
     try:
         return trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     except StreamReadError as error:
@@ -226,5 +250,5 @@ def restore_stream_position(stream: "IterableDataset", checkpoint: str | Path | 
 
 
 __all__ = ["PositionedStream", "RestoreRngStates", "StreamPositionCallback", "StreamReadError", "corpus_error",
-           "data_files", "load_json_source", "restore_stream_position", "split_for_process", "stream_dataloader",
-           "train_keeping_progress"]
+           "data_files", "is_stream", "load_json_source", "restore_stream_position", "split_for_process",
+           "stream_dataloader", "train_keeping_progress"]

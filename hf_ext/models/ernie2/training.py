@@ -40,15 +40,7 @@ from ...errors import HfExtError
 from ...glue import GLUE_LAYOUTS, glue_task, glue_task_spec, read_glue_tsv
 from ...metrics import load_metric
 from ...output import atomic_output_dir
-from ...streaming import (
-    PositionedStream,
-    RestoreRngStates,
-    StreamPositionCallback,
-    restore_stream_position,
-    split_for_process,
-    stream_dataloader,
-    train_keeping_progress,
-)
+from ...streaming import split_for_process, train_keeping_progress
 from ...trainer import TermLoggingTrainer, last_complete_checkpoint, send_logs_to_stderr
 from . import PRETRAINING_TASKS, Ernie2ForPreTraining, Ernie2PreTrainingConfig
 from .configuration_ernie2 import validate_ernie_encoder
@@ -131,8 +123,8 @@ class Ernie2PreTrainer(TermLoggingTrainer):
     - `train_dataset`: `{task: dataset}` with the examples of `Ernie2DataBuilder` (a `DatasetDict` works); batches
       come from `StageBatchSampler` over `stage.steps`, seeded by (`args.data_seed` or `args.seed`, `stage_index`);
       `args.max_steps` is the stage's total. Or a `datasets.IterableDataset`: this process's part of the stage's
-      examples (`data.stage_mixture`), read `per_device_train_batch_size` rows at a time by `self.stream`, which
-      keeps the stream's position for checkpoints (`hf_ext.streaming`).
+      examples (`data.stage_mixture`), read `per_device_train_batch_size` rows at a time by `self.stream`
+      (`TermLoggingTrainer`), which keeps the stream's position for checkpoints (`hf_ext.streaming`).
     - `data_collator` defaults to `Ernie2PreTrainingCollator` with the model's task ids.
     - Training logs add `loss_<task>` (each task's mean loss over the logging window, over all processes) and
       `stage` (1-based).
@@ -164,14 +156,11 @@ class Ernie2PreTrainer(TermLoggingTrainer):
                          logged_terms=[f"loss_{task}" for task in PRETRAINING_TASKS], **kwargs)
         self.stage = stage
         self.stage_index = stage_index
-        # positions of the batches a data loader may read ahead of the step it trains, and a few more
-        self.stream = PositionedStream(train_dataset, self._train_batch_size,
-                                       keep=2 * self.args.gradient_accumulation_steps + 4) if streamed else None
 
     def get_train_dataloader(self) -> DataLoader:
         args = self.args
-        if self.stream is not None:
-            return stream_dataloader(self.stream, self._train_batch_size, self.data_collator, args)
+        if self.stream is not None:  # TermLoggingTrainer reads it
+            return super().get_train_dataloader()
         seed = args.data_seed if args.data_seed is not None else args.seed
         sampler = StageBatchSampler(self.task_rows, self.stage.steps, self._train_batch_size * args.world_size,
                                     args.gradient_accumulation_steps, seed=(seed, self.stage_index),
@@ -246,22 +235,13 @@ def continual_pretraining(model: Ernie2ForPreTraining, schedule: ContinualSchedu
             + (f", resuming from {checkpoint}" if checkpoint else ""))
         stage_args = dataclasses.replace(args, output_dir=str(stage_dir))
         train_dataset: Any = datasets
-        repositioned = False
         if streamed:
             seed = args.data_seed if args.data_seed is not None else args.seed
             train_dataset = stage_mixture({task: split_for_process(cast("IterableDataset", stream), args)
                                            for task, stream in datasets.items()}, stage, seed=seed + index)
-            repositioned = restore_stream_position(train_dataset, checkpoint, args.process_index)
-            # Trainer would otherwise skip the batches trained by reading them again
-            stage_args = dataclasses.replace(stage_args, ignore_data_skip=repositioned)
         trainer = Ernie2PreTrainer(model=model, args=stage_args, stage=stage, train_dataset=train_dataset,
                                    data_collator=data_collator, stage_index=index, processing_class=processing_class,
                                    callbacks=callbacks)
-        if trainer.stream is not None:
-            start = int(Path(checkpoint).name.rsplit("-", 1)[1]) if repositioned and checkpoint else 0
-            trainer.add_callback(StreamPositionCallback(trainer.stream, start))
-            if repositioned and checkpoint:
-                trainer.add_callback(RestoreRngStates(trainer, checkpoint))
         if log_to_stderr:
             send_logs_to_stderr(trainer)
         train_keeping_progress(trainer, resume_from_checkpoint=checkpoint)
