@@ -274,9 +274,12 @@ def _record_schedule(out, schedule):
 
 def load_pretraining_model(name_or_path: str | Path, config_kwargs: dict[str, Any] | None = None, **kwargs: Any,
                            ) -> Ernie2ForPreTraining:
-    """An `Ernie2ForPreTraining` from an ERNIE 2.0 pre-training folder (`from_pretrained`) or from a plain `ernie`
-    folder or repo, such as `hf-ext convert ernie2` writes (`from_ernie_pretrained` with `config_kwargs`)."""
+    """An `Ernie2ForPreTraining` from an ERNIE 2.0 pre-training folder (`from_pretrained`), from a plain `ernie`
+    folder or repo, such as `hf-ext convert ernie2` writes (`from_ernie_pretrained` with `config_kwargs`), or from
+    another BERT-family encoder (BERT, MiniLM, ELECTRA: `encoders.ernie_from_bert_family`)."""
     from transformers import AutoConfig
+
+    from .encoders import ernie_from_bert_family
 
     try:
         config = AutoConfig.from_pretrained(name_or_path, **kwargs)
@@ -286,9 +289,10 @@ def load_pretraining_model(name_or_path: str | Path, config_kwargs: dict[str, An
         if config_kwargs:
             raise HfExtError(f"{name_or_path} is already an ERNIE 2.0 pre-training model; its task settings stay")
         return Ernie2ForPreTraining.from_pretrained(name_or_path, **kwargs)
-    if config.model_type != "ernie":
-        raise HfExtError(f"{name_or_path} holds a {config.model_type} model, not ERNIE")
     try:
+        if config.model_type != "ernie":
+            return Ernie2ForPreTraining.from_ernie(ernie_from_bert_family(name_or_path, config, **kwargs),
+                                                   **(config_kwargs or {}))
         return Ernie2ForPreTraining.from_ernie_pretrained(name_or_path, config_kwargs, **kwargs)
     except ValueError as error:
         raise HfExtError(f"{name_or_path}: {str(error).splitlines()[0]}") from None
