@@ -1,7 +1,7 @@
 """What every model's training here shares: `TrainingArguments` with the package's defaults, logging named loss
-terms beside the loss, JSON log lines (and at a terminal a progress bar) on stderr for command-line runs, resuming
-from the newest complete checkpoint, the output folder of a training command, and PEFT calls without its expected
-warnings."""
+terms beside the loss, streamed training data (`hf_ext.streaming`), JSON log lines (and at a terminal a progress
+bar) on stderr for command-line runs, resuming from the newest complete checkpoint, the output folder of a training
+command, and PEFT calls without its expected warnings."""
 
 import contextlib
 import json
@@ -145,11 +145,26 @@ class TermLoggingTrainer(Trainer):
     """
 
     def __init__(self, *args, logged_terms=(), **kwargs):
+        from .streaming import PositionedStream, is_stream
+
         super().__init__(*args, **kwargs)
         self.train_terms = TermMeans(logged_terms, self.args.device)
         self.eval_terms = TermMeans(logged_terms, self.args.device)
         self.resumed_from_step = 0
         self.add_callback(_ResumeStepCallback(self))
+        # a `datasets.IterableDataset` (this process's part of a stream): read with its position kept for
+        # checkpoints, for the batches a data loader reads ahead of the step it trains and a few more
+        # (`hf_ext.streaming.train_keeping_progress` trains it)
+        self.stream = PositionedStream(self.train_dataset, self._train_batch_size,
+                                       keep=2 * self.args.gradient_accumulation_steps + 4) \
+            if is_stream(self.train_dataset) else None
+
+    def get_train_dataloader(self) -> DataLoader:
+        from .streaming import stream_dataloader
+
+        if self.stream is not None:
+            return stream_dataloader(self.stream, self._train_batch_size, self.data_collator, self.args)
+        return super().get_train_dataloader()
 
     def record_term(self, model: torch.nn.Module, name: str, value: torch.Tensor) -> None:
         """Add one batch's `name`: a scalar, or (at evaluation) one value per example."""

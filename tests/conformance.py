@@ -385,6 +385,41 @@ class ModelConformance:
         with_grad = [name for name, parameter in model.named_parameters() if parameter.grad is not None]
         assert with_grad and all(torch.isfinite(model.get_parameter(name).grad).all() for name in with_grad)
 
+    def test_fsdp2_shards_each_no_split_module_at_world_size_8(self):
+        """FSDP2's sharding plan over 8 ranks, in this one process (torch's fake process group: collectives do
+        nothing, so values are meaningless, shapes and placements real): every `_no_split_modules` class names
+        modules of the model, each becomes one FSDP unit, every parameter is a `Shard(0)` DTensor whose local piece
+        is rank 3's share of dim 0, and a training step runs through the sharded model."""
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+        from torch.distributed.tensor import DTensor, Shard
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        world, rank = 8, 3
+        model = self.model().train()
+        units = {name: [module for module in model.modules() if type(module).__name__ == name]
+                 for name in model._no_split_modules or ()}
+        assert units and all(units.values()), f"_no_split_modules names classes the model lacks: {units}"
+        full = {name: parameter.shape for name, parameter in model.named_parameters(remove_duplicate=False)}
+        tied = len(full) - len(dict(model.named_parameters()))
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+        try:
+            mesh = init_device_mesh("cpu", (world,))
+            for module in (module for modules in units.values() for module in modules):
+                fully_shard(module, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            assert all(isinstance(module, FSDPModule) for modules in units.values() for module in modules)
+            # a parameter shared by two units would be sharded twice, untied
+            assert len(full) - len(dict(model.named_parameters())) == tied
+            for name, parameter in model.named_parameters():
+                share = -(-full[name][0] // world)
+                assert isinstance(parameter, DTensor) and parameter.placements == (Shard(0),), name
+                assert parameter.to_local().shape[0] == max(0, min(share, full[name][0] - rank * share)), name
+            self.training_objective(model(**self.inputs(model.config, labels=True))).backward()
+        finally:
+            dist.destroy_process_group()
+
     @pytest.mark.slow
     def test_gradient_checkpointing_gives_the_same_gradients(self):
         if not self.model_class.supports_gradient_checkpointing:

@@ -1,6 +1,7 @@
 """Bad input for ERNIE 2.0's converter and commands: the cases `tests/test_bad_input.py` runs (see `tests/bad_input.py`
 for the builders and the checks)."""
 
+import json
 import math
 import struct
 
@@ -139,4 +140,34 @@ COMMAND_CASES = {
     "pretrain on an unknown device": (lambda tmp, folder: [
         "ernie2", "pretrain", folder, "--documents", written(tmp / "docs.txt", "A sentence.\n"), "--output-dir",
         tmp / "out", "--device", "npu"], 2, "argument --device: expected cpu, cuda, cuda:N, mps or auto, got 'npu'"),
+    "pretrain from a RoBERTa model": (lambda tmp, folder: [
+        "ernie2", "pretrain", config_folder(tmp / "roberta", model_type="roberta"), "--documents",
+        written(tmp / "docs.txt", "A sentence.\nAnother one.\n"), "--output-dir", tmp / "out"], 1,
+        "roberta model: its byte-level tokenizer does not split words the way ERNIE 2.0's word-level tasks need"),
+    "pretrain from an ELECTRA with narrow embeddings": (lambda tmp, folder: [
+        "ernie2", "pretrain", config_folder(tmp / "electra", model_type="electra", embedding_size=16,
+                                            hidden_size=32, num_attention_heads=4), "--documents",
+        written(tmp / "docs.txt", "A sentence.\nAnother one.\n"), "--output-dir", tmp / "out"], 1,
+        "its embeddings (16) are narrower than its hidden states (32)"),
+    "streamed pretrain from a folder without shards": (lambda tmp, folder: [
+        "ernie2", "pretrain", folder, "--streaming", "--documents", empty_folder(tmp / "shards"), "--output-dir",
+        tmp / "out"], 1, "shards holds no shards (*.jsonl, *.json, *.jsonl.gz, *.json.gz)"),
+    "streamed pretrain from a glob matching no shard": (lambda tmp, folder: [
+        "ernie2", "pretrain", folder, "--streaming", "--documents", tmp / "corpus" / "*.jsonl", "--output-dir",
+        tmp / "out"], 1, "no documents shard matches"),
+    "streamed pretrain from a Hub dataset while offline": (lambda tmp, folder: [
+        "ernie2", "pretrain", folder, "--streaming", "--documents", "someone/corpus", "--output-dir", tmp / "out"],
+        1, "documents someone/corpus is neither a local path nor a reachable Hub dataset"),
 }
+
+
+def config_folder(path, **config):
+    """A model folder holding only a config.json: the pre-training command refuses it before loading weights."""
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def empty_folder(path):
+    path.mkdir()
+    return path

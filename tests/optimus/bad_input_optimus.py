@@ -141,6 +141,12 @@ COMMAND_CASES = {
                       "--beta: expected a finite"),
     "negative beta": (lambda tmp, folder: ["optimus", "train", folder, "--train-file", tmp / "t.txt",
                                            "--output-dir", tmp / "out", "--beta", "-1"], 2, "--beta: must be >= 0"),
+    "streamed training from a folder without text shards": (lambda tmp, folder: [
+        "optimus", "train", folder, "--streaming", "--train-file", (tmp / "shards").mkdir() or tmp / "shards",
+        "--output-dir", tmp / "out"], 1, "shards holds no shards (*.txt, *.txt.gz)"),
+    "streamed training from a Hub dataset while offline": (lambda tmp, folder: [
+        "optimus", "train", folder, "--streaming", "--train-file", "someone/sentences", "--output-dir", tmp / "out"],
+        1, "text someone/sentences is neither a local path nor a reachable Hub dataset"),
     "training output exists": (lambda tmp, folder: ((tmp / "out").mkdir(), (tmp / "t.txt").write_text("a\n"),
                                                     ["optimus", "train", folder, "--train-file", tmp / "t.txt",
                                                      "--output-dir", tmp / "out"])[2], 1, "already exists"),

@@ -12,7 +12,7 @@ import torch
 from conftest import REPO_ROOT, cli_exit_code, run_torchrun
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
-from transformers import AutoModel, BertTokenizer, GPT2Tokenizer, TrainingArguments
+from transformers import AutoModel, BertTokenizer, GPT2Tokenizer, TrainerCallback, TrainingArguments
 from transformers.pytorch_utils import Conv1D
 
 import hf_ext  # noqa: F401  (registers the Auto classes)
@@ -518,3 +518,49 @@ def test_two_process_cpu_training_with_torchrun(model_dir, tmp_path):
         assert logged(result["log_history"], "beta") == pytest.approx([1 / 3, 0.5, 5 / 6])
     assert ranks[0]["weights_checksum"] == ranks[1]["weights_checksum"]
     assert ranks[0]["log_history"][:-1] == ranks[1]["log_history"][:-1]  # the final entry holds each rank's timing
+
+
+class StopAtStep(TrainerCallback):
+    """Stops a run like a crash once `step` is done."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise KeyboardInterrupt
+
+
+def test_streamed_text_shards_train_and_resume_mid_stream_as_an_uninterrupted_run(processor, tmp_path,
+                                                                                  monkeypatch):
+    from hf_ext.models.optimus.training import finetune_optimus, read_text_lines
+
+    lines = [line for line in (SNLI / "train.txt").read_text().splitlines() if line.strip()]
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for shard in range(4):
+        (shards / f"part-{shard}.txt").write_text("\n".join(lines[shard::4]) + "\n")
+    seen = []
+    collate = OptimusDataCollator.__call__
+    monkeypatch.setattr(OptimusDataCollator, "__call__",
+                        lambda self, features: seen.append([f["text"] for f in features]) or collate(self, features))
+
+    def run(out, callbacks=()):
+        seen.clear()
+        model = make_model(processor, seed=4)
+        try:
+            finetune_optimus(model, processor, read_text_lines(shards, streaming=True), out, max_steps=6,
+                             batch_size=4, save_steps=2, max_length=MAX_LENGTH, callbacks=callbacks,
+                             print_logs=False, use_cpu=True, disable_tqdm=True)
+        except KeyboardInterrupt:
+            return None, list(seen)
+        return model, list(seen)
+
+    expected, expected_seen = run(tmp_path / "whole")
+    assert [text for batch in expected_seen[:2] for text in batch] == lines[0::4][:8]  # shard order, in order
+    run(tmp_path / "resumed", [StopAtStep(3)])
+    assert (tmp_path / "resumed" / "checkpoint-2" / "stream_state-rank0.json").is_file()
+    resumed, resumed_seen = run(tmp_path / "resumed")
+    assert resumed_seen == expected_seen[2:][:len(resumed_seen)] and len(resumed_seen) >= 4
+    state = resumed.state_dict()
+    assert all(torch.equal(tensor, state[name]) for name, tensor in expected.state_dict().items())

@@ -26,13 +26,19 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     parser = tools.add_parser(
         "pretrain", help="continual multi-task pre-training from raw documents",
-        description="Pre-train MODEL (a converted ERNIE folder, or an ERNIE 2.0 pre-training folder) stage by stage on "
+        description="Pre-train MODEL (a converted ERNIE folder, an ERNIE 2.0 pre-training folder, or a BERT, MiniLM or "
+        "ELECTRA encoder, whose weights start ERNIE's) stage by stage on "
         "the tasks of the schedule. OUTPUT_DIR holds one folder per stage; running the same command again resumes "
         "where it stopped. At the end OUTPUT_DIR/ernie is a plain transformers ernie folder for fine-tuning.")
     add_model_argument(parser, "converted ERNIE folder, ERNIE 2.0 pre-training folder, or Hub repo id")
     parser.add_argument("--documents", required=True, help="raw documents: .jsonl ({\"paragraphs\": [[sentence, ...], "
                         "...], \"entities\": [...], \"phrases\": [...]}) or text (a sentence per line, a blank line "
-                        "between paragraphs, two between documents)")
+                        "between paragraphs, two between documents); or JSON-lines shards: a folder, a glob or a Hub "
+                        "dataset id")
+    parser.add_argument("--streaming", action="store_true",
+                        help="read --documents (JSON lines: a file, a folder of shards, a glob or a Hub dataset id) "
+                        "as a stream while training, for corpora larger than memory; without it a folder, glob or "
+                        "Hub id is read memory-mapped")
     parser.add_argument("--stages", help="schedule YAML/JSON (default: the paper's four stages, see "
                         "`hf-ext ernie2 schedule`)")
     parser.add_argument("--output-dir", required=True, help="the run's folder (resumed if it holds this run)")
@@ -121,7 +127,8 @@ def _pretrain(args):
     from ...hub import write_training_card
     from ...loading import load_tokenizer
     from ...output import atomic_output_dir
-    from .data import PAIR_TASKS, load_documents, pretraining_datasets
+    from ...streaming import StreamReadError, corpus_error, data_files
+    from .data import PAIR_TASKS, load_documents, pretraining_datasets, read_documents, task_streams
     from .schedule import PAPER_SCHEDULE, ContinualSchedule
     from .training import continual_pretraining, load_pretraining_model
 
@@ -135,7 +142,10 @@ def _pretrain(args):
     for task in PAIR_TASKS:
         require(task not in schedule.tasks or pair_files[task], f"the schedule trains {task}: give its labelled "
                  f"pairs with --{'discourse-pairs' if task == 'discourse_relation' else 'ir-pairs'}")
-    documents = load_documents(args.documents)
+    if args.streaming or not Path(args.documents).is_file():
+        documents = read_documents(args.documents, streaming=args.streaming)
+    else:
+        documents = load_documents(args.documents)
     settings = {"max_reorder_segments": args.max_reorder_segments,
                 "num_discourse_relations": args.num_discourse_relations}
     model = load_pretraining_model(args.model, {k: v for k, v in settings.items() if v is not None},
@@ -144,12 +154,18 @@ def _pretrain(args):
     require(args.max_length <= config.max_position_embeddings,
             f"--max-length {args.max_length} exceeds the model's {config.max_position_embeddings} positions")
     tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
-    datasets = pretraining_datasets(
-        tokenizer, config, schedule, documents, pair_files, entity_lexicon=args.entity_lexicon,
-        phrase_lexicon=args.phrase_lexicon, span_heuristics=not args.no_span_heuristics, max_length=args.max_length,
-        mask_probability=args.mask_probability, seed=args.seed)
-    model, histories = continual_pretraining(model, schedule, datasets, training_args, processing_class=tokenizer,
-                                             log_to_stderr=True)
+    try:
+        datasets = (task_streams if args.streaming else pretraining_datasets)(
+            tokenizer, config, schedule, documents, pair_files, entity_lexicon=args.entity_lexicon,
+            phrase_lexicon=args.phrase_lexicon, span_heuristics=not args.no_span_heuristics,
+            max_length=args.max_length,
+            mask_probability=args.mask_probability, seed=args.seed)
+        model, histories = continual_pretraining(model, schedule, datasets, training_args,
+                                                 processing_class=tokenizer, log_to_stderr=True)
+    except StreamReadError as error:  # name the shard and line that failed
+        files = data_files(args.documents, "documents")
+        raise (StreamReadError(corpus_error(files, "documents", error.error), error.kept) if files else error) \
+            from None
     with atomic_output_dir(out / "ernie", overwrite=True) as staging:
         model.save_ernie_pretrained(staging)
         tokenizer.save_pretrained(staging)

@@ -41,19 +41,23 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from ...errors import HfExtError
+from ...streaming import StreamReadError
 from ...text_files import json_lines, read_lines
 from . import IGNORE_INDEX, IR_RELEVANCE_CLASSES, PRETRAINING_TASKS, TOKEN_LEVEL_TASKS, sentence_reordering_label
 from .configuration_ernie2 import Ernie2PreTrainingConfig
 from .schedule import ContinualSchedule
 
 if TYPE_CHECKING:  # datasets is imported only when data is built
-    from datasets import Dataset, DatasetDict
+    from datasets import Dataset, DatasetDict, IterableDataset
+
+    from .schedule import Stage
 
 DOCUMENT_TASKS = ("knowledge_masking", "capitalization", "token_document_relation", "sentence_reordering",
                   "sentence_distance")
 PAIR_TASKS = ("discourse_relation", "ir_relevance")
 EXAMPLE_COLUMNS = ("task", "input_ids", "token_type_ids", "labels")
 MASK_PROBABILITY = 0.15
+STREAM_MAP_DOCUMENTS = 64  # documents a stream builds examples from at a time (and sentence distance draws from)
 # ERNIE 1.0 / BERT replacement of a chosen token: [MASK], a random token, or the token itself
 MASK_TOKEN_SHARE, RANDOM_TOKEN_SHARE = 0.8, 0.1
 MAX_PHRASE_WORDS = 4
@@ -135,6 +139,40 @@ def load_documents(path: str | Path) -> "Dataset":
     if paragraphs:
         documents.append({"paragraphs": paragraphs})
     return documents_from_records(documents, str(path))
+
+
+def document_features():
+    """The `datasets.Features` of a documents dataset (`documents_from_records`)."""
+    from datasets import Features, List, Value
+
+    return Features({"paragraphs": List(List(Value("string"))), "entities": List(Value("string")),
+                     "phrases": List(Value("string"))})
+
+
+def _clean_documents(rows):
+    """A batch of read documents as `documents_from_records` keeps them: sentences stripped, empty ones and
+    documents without sentences left out, absent span lists empty."""
+    kept: dict[str, list[Any]] = {"paragraphs": [], "entities": [], "phrases": []}
+    for paragraphs, entities, phrases in zip(rows["paragraphs"], rows["entities"], rows["phrases"], strict=True):
+        paragraphs = [[s.strip() for s in paragraph if s and s.strip()] for paragraph in paragraphs or ()]
+        paragraphs = [paragraph for paragraph in paragraphs if paragraph]
+        if paragraphs:
+            kept["paragraphs"].append(paragraphs)
+            kept["entities"].append([e.strip() for e in entities or () if e and e.strip()])
+            kept["phrases"].append([p.strip() for p in phrases or () if p and p.strip()])
+    return kept
+
+
+def read_documents(source: str | Path, streaming: bool = False) -> "Dataset | IterableDataset":
+    """Raw documents through `datasets` from JSON lines (the `.jsonl` layout of `load_documents`): a file, a folder
+    of shards, a glob or a Hub dataset id with those columns, memory-mapped (`datasets.Dataset`) or, with
+    `streaming`, read as a `datasets.IterableDataset` that never holds the corpus in memory. Documents without
+    sentences are left out."""
+    from ...streaming import load_json_source
+
+    features = document_features()
+    documents = load_json_source(source, "documents", streaming, features=features)
+    return documents.map(_clean_documents, batched=True, features=features, batch_size=STREAM_MAP_DOCUMENTS)
 
 
 def load_labelled_pairs(path: str | Path, task: str, num_labels: int = IR_RELEVANCE_CLASSES) -> "Dataset":
@@ -398,7 +436,7 @@ class Ernie2DataBuilder:
                              if any(label != IGNORE_INDEX for label in example["labels"])])
 
         return documents.map(batch, batched=True, with_indices=True, remove_columns=documents.column_names,
-                             desc=f"ERNIE 2.0 {task} examples")
+                             **_progress(documents, task))
 
     def _paragraph_windows(self, document, budget, spans=False):
         given = (document["entities"], document["phrases"]) if spans else None
@@ -503,33 +541,44 @@ class Ernie2DataBuilder:
 
         return self._map_documents(documents, "sentence_reordering", make)
 
-    def sentence_distance(self, documents: "Dataset") -> "Dataset":
+    def sentence_distance(self, documents: "Dataset | IterableDataset") -> "Dataset | IterableDataset":
+        """Pairs of class 2 take B from another document of the corpus; in a stream, of the same `map` batch."""
+        from datasets import IterableDataset
+
+        if isinstance(documents, IterableDataset):
+            def batch(rows, indices):
+                sentences = [[s for paragraph in paragraphs for s in paragraph] for paragraphs in rows["paragraphs"]]
+                return _columns([example for i, index in enumerate(indices) for example in
+                                 self._distance_pairs(sentences, i, self.rng("sentence_distance", index))])
+
+            return documents.map(batch, batched=True, with_indices=True, remove_columns=documents.column_names,
+                                 batch_size=STREAM_MAP_DOCUMENTS)
         sentences = [[s for paragraph in paragraphs for s in paragraph] for paragraphs in documents["paragraphs"]]
+        return self._map_documents(documents, "sentence_distance",
+                                   lambda document, rng, index: self._distance_pairs(sentences, index, rng))
 
-        def make(document, rng, index):
-            own = sentences[index]
-            firsts, seconds, labels = [], [], []
-            for position, sentence in enumerate(own):
-                far = [other for other in range(len(own)) if abs(other - position) > 1]
-                classes = [label for label, possible in enumerate((position + 1 < len(own), bool(far),
-                                                                   len(sentences) > 1)) if possible]
-                if not classes:
-                    continue
-                label = int(rng.choice(classes))
-                if label == 0:
-                    second = own[position + 1]
-                elif label == 1:
-                    second = own[int(rng.choice(far))]
-                else:
-                    other = int(rng.integers(len(sentences) - 1))
-                    other_document = sentences[other + (other >= index)]
-                    second = other_document[int(rng.integers(len(other_document)))]
-                firsts.append(sentence)
-                seconds.append(second)
-                labels.append(label)
-            return self._pair_examples("sentence_distance", firsts, seconds, labels)
-
-        return self._map_documents(documents, "sentence_distance", make)
+    def _distance_pairs(self, sentences, index, rng):
+        own = sentences[index]
+        firsts, seconds, labels = [], [], []
+        for position, sentence in enumerate(own):
+            far = [other for other in range(len(own)) if abs(other - position) > 1]
+            classes = [label for label, possible in enumerate((position + 1 < len(own), bool(far),
+                                                               len(sentences) > 1)) if possible]
+            if not classes:
+                continue
+            label = int(rng.choice(classes))
+            if label == 0:
+                second = own[position + 1]
+            elif label == 1:
+                second = own[int(rng.choice(far))]
+            else:
+                other = int(rng.integers(len(sentences) - 1))
+                other_document = sentences[other + (other >= index)]
+                second = other_document[int(rng.integers(len(other_document)))]
+            firsts.append(sentence)
+            seconds.append(second)
+            labels.append(label)
+        return self._pair_examples("sentence_distance", firsts, seconds, labels)
 
     # ----- semantic-aware tasks -----
 
@@ -538,7 +587,7 @@ class Ernie2DataBuilder:
         def batch(rows):
             return _columns(self._pair_examples(task, rows["sentence1"], rows["sentence2"], rows["label"]))
 
-        return pairs.map(batch, batched=True, remove_columns=pairs.column_names, desc=f"ERNIE 2.0 {task} examples")
+        return pairs.map(batch, batched=True, remove_columns=pairs.column_names, **_progress(pairs, task))
 
     def _pair_examples(self, task, firsts, seconds, labels):
         if not firsts:
@@ -589,14 +638,78 @@ def pretraining_datasets(tokenizer: PreTrainedTokenizerFast, config: Ernie2PreTr
     spans given with the documents and, with `span_heuristics`, capitalised and content-word runs. `config` is the
     pre-training model's (`max_reorder_segments`, the pair tasks' label counts). Returns `Ernie2DataBuilder.build`'s
     `DatasetDict`."""
-    pairs = {task: load_labelled_pairs(path, task, config.task_num_labels[task])
-             for task, path in (pair_files or {}).items() if path and task in schedule.tasks}
+    builder = _builder(tokenizer, config, entity_lexicon, phrase_lexicon, span_heuristics, max_length,
+                       mask_probability, seed)
+    return builder.build(documents, schedule.tasks, _pairs(config, schedule, pair_files))
+
+
+def _pairs(config, schedule, pair_files):
+    return {task: load_labelled_pairs(path, task, config.task_num_labels[task])
+            for task, path in (pair_files or {}).items() if path and task in schedule.tasks}
+
+
+def _builder(tokenizer, config, entity_lexicon, phrase_lexicon, span_heuristics, max_length, mask_probability,
+             seed):
     finder = SpanFinder(read_lexicon(entity_lexicon) if entity_lexicon else (),
                         read_lexicon(phrase_lexicon) if phrase_lexicon else (),
                         split_words=word_splitter(tokenizer), heuristics=span_heuristics)
-    builder = Ernie2DataBuilder(tokenizer, max_length, config.max_reorder_segments, finder, mask_probability,
-                                seed=seed)
-    return builder.build(documents, schedule.tasks, pairs)
+    return Ernie2DataBuilder(tokenizer, max_length, config.max_reorder_segments, finder, mask_probability, seed=seed)
+
+
+def task_streams(tokenizer: PreTrainedTokenizerFast, config: Ernie2PreTrainingConfig, schedule: ContinualSchedule,
+                 documents: "IterableDataset", pair_files: Mapping[str, str | Path | None] | None = None,
+                 entity_lexicon: str | Path | None = None, phrase_lexicon: str | Path | None = None,
+                 span_heuristics: bool = True, max_length: int = 128, mask_probability: float = MASK_PROBABILITY,
+                 seed: int = 0) -> dict[str, "IterableDataset"]:
+    """`pretraining_datasets` for a documents stream (`read_documents(..., streaming=True)`): `{task: examples}`
+    as `datasets.IterableDataset`s built while they are read (the labelled pairs, small, are read whole). Each
+    task's stream reads the documents on its own. A task whose first examples do not come within the first
+    `map` batch of documents is refused as giving none."""
+    from datasets import IterableDataset
+
+    pairs = _pairs(config, schedule, pair_files)
+    builder = _builder(tokenizer, config, entity_lexicon, phrase_lexicon, span_heuristics, max_length,
+                       mask_probability, seed)
+    streams: dict[str, IterableDataset] = {}
+    for task in schedule.tasks:
+        if task in PAIR_TASKS:
+            if task not in pairs:
+                raise HfExtError(f"{task} needs labelled pairs (JSON lines with sentence1, sentence2, label)")
+            streams[task] = builder.labelled_pairs(pairs[task], task).to_iterable_dataset()
+        else:
+            streams[task] = getattr(builder, task)(documents)
+        try:
+            first = next(iter(streams[task].take(1)), None)
+        except HfExtError:
+            raise
+        except Exception as error:  # the reader's own, as in training (`hf_ext.streaming.PositionedStream`)
+            raise StreamReadError(error) from error
+        if first is None:
+            raise HfExtError(f"the documents give no {task} examples")
+    return streams
+
+
+def stage_mixture(streams: Mapping[str, "IterableDataset"], stage: "Stage", seed: int = 0) -> "IterableDataset":
+    """One stream of a stage's examples: each example drawn from the task streams (each read again from its start
+    when used up) with the task's share of the stage's steps as probability (`datasets.interleave_datasets`)."""
+    from datasets import interleave_datasets
+
+    tasks = list(stage.steps)
+    missing = [task for task in tasks if task not in streams]
+    if missing:
+        raise HfExtError(f"no examples for task(s) {', '.join(missing)} of the stage")
+    return interleave_datasets([streams[task].repeat(None) for task in tasks],
+                               probabilities=[stage.steps[task] / stage.total_steps for task in tasks], seed=seed,
+                               stopping_strategy="all_exhausted")
+
+
+def _progress(dataset, task):
+    """`map`'s progress bar for a map-style dataset; a stream, built while it is read, has none and is built
+    `STREAM_MAP_DOCUMENTS` documents at a time."""
+    from datasets import Dataset
+
+    return {"desc": f"ERNIE 2.0 {task} examples"} if isinstance(dataset, Dataset) else \
+        {"batch_size": STREAM_MAP_DOCUMENTS}
 
 
 def _columns(examples):
@@ -642,4 +755,5 @@ class Ernie2PreTrainingCollator:
 
 __all__ = ["DOCUMENT_TASKS", "Ernie2DataBuilder", "Ernie2PreTrainingCollator", "PAIR_TASKS", "SpanFinder",
            "capitalised_runs", "content_word_runs", "documents_from_records", "load_documents",
-           "load_labelled_pairs", "pretraining_datasets", "read_lexicon", "word_splitter"]
+           "document_features", "load_labelled_pairs", "pretraining_datasets", "read_documents", "read_lexicon",
+           "stage_mixture", "task_streams", "word_splitter"]

@@ -40,14 +40,15 @@ from ...errors import HfExtError
 from ...glue import GLUE_LAYOUTS, glue_task, glue_task_spec, read_glue_tsv
 from ...metrics import load_metric
 from ...output import atomic_output_dir
+from ...streaming import split_for_process, train_keeping_progress
 from ...trainer import TermLoggingTrainer, last_complete_checkpoint, send_logs_to_stderr
 from . import PRETRAINING_TASKS, Ernie2ForPreTraining, Ernie2PreTrainingConfig
 from .configuration_ernie2 import validate_ernie_encoder
-from .data import Ernie2PreTrainingCollator
+from .data import Ernie2PreTrainingCollator, stage_mixture
 from .schedule import ContinualSchedule
 
 if TYPE_CHECKING:  # datasets is imported only when data is read
-    from datasets import Dataset
+    from datasets import Dataset, IterableDataset
 
 logger = logging.get_logger(__name__)
 
@@ -121,7 +122,9 @@ class Ernie2PreTrainer(TermLoggingTrainer):
 
     - `train_dataset`: `{task: dataset}` with the examples of `Ernie2DataBuilder` (a `DatasetDict` works); batches
       come from `StageBatchSampler` over `stage.steps`, seeded by (`args.data_seed` or `args.seed`, `stage_index`);
-      `args.max_steps` is the stage's total.
+      `args.max_steps` is the stage's total. Or a `datasets.IterableDataset`: this process's part of the stage's
+      examples (`data.stage_mixture`), read `per_device_train_batch_size` rows at a time by `self.stream`
+      (`TermLoggingTrainer`), which keeps the stream's position for checkpoints (`hf_ext.streaming`).
     - `data_collator` defaults to `Ernie2PreTrainingCollator` with the model's task ids.
     - Training logs add `loss_<task>` (each task's mean loss over the logging window, over all processes) and
       `stage` (1-based).
@@ -130,30 +133,34 @@ class Ernie2PreTrainer(TermLoggingTrainer):
 
     def __init__(self, model=None, args=None, stage=None, train_dataset=None, data_collator=None, stage_index=0,
                  **kwargs):
-        from datasets import concatenate_datasets
+        from datasets import IterableDataset, concatenate_datasets
 
         if stage is None or train_dataset is None:
             raise ValueError("Ernie2PreTrainer needs the stage and a train_dataset {task: examples}")
-        missing = [task for task in stage.steps if task not in train_dataset]
-        if missing:
-            raise HfExtError(f"no examples for task(s) {', '.join(missing)} of the stage")
-        tasks = list(stage.steps)
-        sizes = [len(train_dataset[task]) for task in tasks]
-        offsets = np.cumsum([0, *sizes]).tolist()
-        self.task_rows = {task: range(offsets[i], offsets[i + 1]) for i, task in enumerate(tasks)}
+        streamed = isinstance(train_dataset, IterableDataset)
+        if not streamed:
+            missing = [task for task in stage.steps if task not in train_dataset]
+            if missing:
+                raise HfExtError(f"no examples for task(s) {', '.join(missing)} of the stage")
+            tasks = list(stage.steps)
+            sizes = [len(train_dataset[task]) for task in tasks]
+            offsets = np.cumsum([0, *sizes]).tolist()
+            self.task_rows = {task: range(offsets[i], offsets[i + 1]) for i, task in enumerate(tasks)}
+            train_dataset = concatenate_datasets([train_dataset[t] for t in tasks])
         if args is not None:
             args = dataclasses.replace(args, max_steps=stage.total_steps, ddp_find_unused_parameters=True
                                        if args.ddp_find_unused_parameters is None else args.ddp_find_unused_parameters)
         if data_collator is None:
             data_collator = Ernie2PreTrainingCollator(model.config.task_ids, model.config.pad_token_id or 0)
-        super().__init__(model=model, args=args, train_dataset=concatenate_datasets([train_dataset[t] for t in tasks]),
-                         data_collator=data_collator, logged_terms=[f"loss_{task}" for task in PRETRAINING_TASKS],
-                         **kwargs)
+        super().__init__(model=model, args=args, train_dataset=train_dataset, data_collator=data_collator,
+                         logged_terms=[f"loss_{task}" for task in PRETRAINING_TASKS], **kwargs)
         self.stage = stage
         self.stage_index = stage_index
 
     def get_train_dataloader(self) -> DataLoader:
         args = self.args
+        if self.stream is not None:  # TermLoggingTrainer reads it
+            return super().get_train_dataloader()
         seed = args.data_seed if args.data_seed is not None else args.seed
         sampler = StageBatchSampler(self.task_rows, self.stage.steps, self._train_batch_size * args.world_size,
                                     args.gradient_accumulation_steps, seed=(seed, self.stage_index),
@@ -182,8 +189,8 @@ class Ernie2PreTrainer(TermLoggingTrainer):
 
 # ----- the continual run -------------------------------------------------------------------------------------------
 
-def continual_pretraining(model: Ernie2ForPreTraining, schedule: ContinualSchedule, datasets: Mapping[str, "Dataset"],
-                          args: TrainingArguments,
+def continual_pretraining(model: Ernie2ForPreTraining, schedule: ContinualSchedule,
+                          datasets: Mapping[str, "Dataset"] | Mapping[str, "IterableDataset"], args: TrainingArguments,
                           processing_class: PreTrainedTokenizerBase | ProcessorMixin | None = None,
                           data_collator: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]] | None = None,
                           callbacks: list[TrainerCallback] | None = None, log_to_stderr: bool = False,
@@ -194,8 +201,18 @@ def continual_pretraining(model: Ernie2ForPreTraining, schedule: ContinualSchedu
     docstring) and `max_steps` is set per stage. A resumed run must get the same datasets and arguments.
     `log_to_stderr` writes the logs as JSON lines on stderr instead of printing them. Returns the model after the
     last stage (a freshly loaded one when finished stages were skipped) and the log history of each stage.
+
+    With streams (`data.task_streams`), each process reads its own part of every task's stream
+    (`split_dataset_by_node`) and a stage mixes its tasks' examples with the stage's shares of steps as
+    probabilities (`data.stage_mixture`, seeded by `args.data_seed` or `args.seed` plus the stage's index). Every
+    checkpoint also holds each process's stream position, from which a resumed stage reads on without re-reading
+    what it trained; a stream that fails to read keeps the steps trained in a checkpoint (`StreamReadError`).
     """
-    missing = [task for task in schedule.tasks if task not in datasets or not len(datasets[task])]
+    from datasets import IterableDataset
+
+    streamed = any(isinstance(dataset, IterableDataset) for dataset in datasets.values())
+    missing = [task for task in schedule.tasks if task not in datasets
+               or (not streamed and not len(cast("Dataset", datasets[task])))]
     if missing:
         raise HfExtError(f"the schedule trains {', '.join(missing)}, but there are no examples for it")
     assert args.output_dir is not None  # TrainingArguments sets its default ("trainer_output") when given none
@@ -216,12 +233,18 @@ def continual_pretraining(model: Ernie2ForPreTraining, schedule: ContinualSchedu
         steps = ", ".join(f"{task} {count}" for task, count in stage.steps.items())
         logger.info(f"stage {index + 1}/{len(schedule.stages)}{f' ({stage.name})' if stage.name else ''}: {steps} steps"
             + (f", resuming from {checkpoint}" if checkpoint else ""))
-        trainer = Ernie2PreTrainer(model=model, args=dataclasses.replace(args, output_dir=str(stage_dir)),
-                                   stage=stage, train_dataset=datasets, data_collator=data_collator,
-                                   stage_index=index, processing_class=processing_class, callbacks=callbacks)
+        stage_args = dataclasses.replace(args, output_dir=str(stage_dir))
+        train_dataset: Any = datasets
+        if streamed:
+            seed = args.data_seed if args.data_seed is not None else args.seed
+            train_dataset = stage_mixture({task: split_for_process(cast("IterableDataset", stream), args)
+                                           for task, stream in datasets.items()}, stage, seed=seed + index)
+        trainer = Ernie2PreTrainer(model=model, args=stage_args, stage=stage, train_dataset=train_dataset,
+                                   data_collator=data_collator, stage_index=index, processing_class=processing_class,
+                                   callbacks=callbacks)
         if log_to_stderr:
             send_logs_to_stderr(trainer)
-        trainer.train(resume_from_checkpoint=checkpoint)
+        train_keeping_progress(trainer, resume_from_checkpoint=checkpoint)
         model = cast(Ernie2ForPreTraining, trainer.model)  # the model it was given (Trainer trains it in place)
         if trainer.is_world_process_zero():
             with atomic_output_dir(final, overwrite=True) as staging:
@@ -251,9 +274,12 @@ def _record_schedule(out, schedule):
 
 def load_pretraining_model(name_or_path: str | Path, config_kwargs: dict[str, Any] | None = None, **kwargs: Any,
                            ) -> Ernie2ForPreTraining:
-    """An `Ernie2ForPreTraining` from an ERNIE 2.0 pre-training folder (`from_pretrained`) or from a plain `ernie`
-    folder or repo, such as `hf-ext convert ernie2` writes (`from_ernie_pretrained` with `config_kwargs`)."""
+    """An `Ernie2ForPreTraining` from an ERNIE 2.0 pre-training folder (`from_pretrained`), from a plain `ernie`
+    folder or repo, such as `hf-ext convert ernie2` writes (`from_ernie_pretrained` with `config_kwargs`), or from
+    another BERT-family encoder (BERT, MiniLM, ELECTRA: `encoders.ernie_from_bert_family`)."""
     from transformers import AutoConfig
+
+    from .encoders import ernie_from_bert_family
 
     try:
         config = AutoConfig.from_pretrained(name_or_path, **kwargs)
@@ -263,9 +289,10 @@ def load_pretraining_model(name_or_path: str | Path, config_kwargs: dict[str, An
         if config_kwargs:
             raise HfExtError(f"{name_or_path} is already an ERNIE 2.0 pre-training model; its task settings stay")
         return Ernie2ForPreTraining.from_pretrained(name_or_path, **kwargs)
-    if config.model_type != "ernie":
-        raise HfExtError(f"{name_or_path} holds a {config.model_type} model, not ERNIE")
     try:
+        if config.model_type != "ernie":
+            return Ernie2ForPreTraining.from_ernie(ernie_from_bert_family(name_or_path, config, **kwargs),
+                                                   **(config_kwargs or {}))
         return Ernie2ForPreTraining.from_ernie_pretrained(name_or_path, config_kwargs, **kwargs)
     except ValueError as error:
         raise HfExtError(f"{name_or_path}: {str(error).splitlines()[0]}") from None

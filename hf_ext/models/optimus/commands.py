@@ -190,7 +190,10 @@ def _register_training_tools(tools):
 
     parser = model_tool("train", "fine-tune an Optimus VAE on a text file (one sentence per line) with the "
                         "original's cyclical KL schedule; saves the model and processor", _train, training=True)
-    parser.add_argument("--train-file", required=True, help="text file, one sentence per line")
+    parser.add_argument("--train-file", required=True, help="text file, one sentence per line (or a folder of "
+                        ".txt shards, a glob, a Hub dataset id with a text column)")
+    parser.add_argument("--streaming", action="store_true",
+                        help="read --train-file as a stream while training, for corpora larger than memory")
     parser.add_argument("--output-dir", required=True, help="folder for the trained model (written atomically)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
     parser.add_argument("--max-steps", type=positive_int, default=1000, help="optimizer steps (default 1000)")
@@ -289,6 +292,7 @@ def _train(args):
         finetune_optimus,
         freeze_or_adapt,
         load_text_dataset,
+        read_text_lines,
     )
 
     ratio_zero = DEFAULT_RATIO_ZERO if args.ratio_zero is None else args.ratio_zero
@@ -299,7 +303,8 @@ def _train(args):
     check_output_dir(args.output_dir, args.overwrite)
     if args.plot:
         require_matplotlib()
-    dataset = load_text_dataset(args.train_file)
+    dataset = read_text_lines(args.train_file, args.streaming) if args.streaming or \
+        not Path(args.train_file).is_file() else load_text_dataset(args.train_file)
     eval_texts = _evaluation_texts(args) if args.eval_file else None
     model, processor = load_optimus(args.model, args.trust_remote_code)  # float32 weights: Trainer places them
     config = model.config

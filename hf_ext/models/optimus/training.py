@@ -19,6 +19,7 @@ from transformers.utils import ModelOutput, logging
 from ...errors import HfExtError
 from ...lora import add_lora, unwrap
 from ...registration import ENCODER_ATTENTION
+from ...streaming import is_stream, split_for_process, train_keeping_progress
 from ...trainer import TermLoggingTrainer, last_complete_checkpoint, send_logs_to_stderr, training_arguments
 from . import kl_divergence
 from .backbones import LATENT_MODULES, added_decoder_token_ids
@@ -27,7 +28,7 @@ from .modeling_optimus import OptimusModel
 from .processing_optimus import OptimusProcessor
 
 if TYPE_CHECKING:  # datasets and peft are imported only when used
-    from datasets import Dataset
+    from datasets import Dataset, IterableDataset
     from peft import PeftModel
 
 logger = logging.get_logger(__name__)
@@ -235,6 +236,18 @@ def load_text_dataset(path: str | Path, text_column: str = "text") -> "Dataset":
     return Dataset.from_dict({text_column: lines})
 
 
+def read_text_lines(source: str | Path, streaming: bool = False, text_column: str = "text",
+                    ) -> "Dataset | IterableDataset":
+    """`load_text_dataset` through `datasets`' `text` builder, for a file, a folder of `.txt` shards, a glob or a Hub
+    dataset id with a `text` column: memory-mapped, or with `streaming` a `datasets.IterableDataset` read while
+    training (give `max_steps`: a stream has no length)."""
+    from ...streaming import load_json_source
+
+    lines = load_json_source(source, "text", streaming, builder="text")
+    return lines.map(lambda rows: {text_column: [line.strip() for line in rows["text"] if line and line.strip()]},
+                     batched=True, remove_columns=lines.column_names)
+
+
 class OptimusTrainer(TermLoggingTrainer):
     """`Trainer` for `OptimusModel` (or a PEFT wrapper of it) that also logs `loss_rec`, `loss_kl` (the KL term of
     the loss, after free bits), `kl` (the plain KL, which free bits do not change) and `beta`: the means over each
@@ -267,7 +280,8 @@ class OptimusTrainer(TermLoggingTrainer):
         return (outputs.loss, outputs) if return_outputs else outputs.loss
 
 
-def finetune_optimus(model: "OptimusModel | PeftModel", processor: OptimusProcessor, dataset: "Dataset",
+def finetune_optimus(model: "OptimusModel | PeftModel", processor: OptimusProcessor,
+                     dataset: "Dataset | IterableDataset",
                      output_dir: str | Path | None = None, max_steps: int | None = None, batch_size: int = 8,
                      learning_rate: float = 5e-5, n_cycles: int = 1, ratio_zero: float = DEFAULT_RATIO_ZERO,
                      ratio_increase: float = DEFAULT_RATIO_INCREASE, logging_steps: int = 50, seed: int = 42,
@@ -276,7 +290,9 @@ def finetune_optimus(model: "OptimusModel | PeftModel", processor: OptimusProces
                      save_steps: int | None = None, save_total_limit: int | None = 2, print_logs: bool = True,
                      args: TrainingArguments | None = None, **training_kwargs: Any) -> "OptimusTrainer":
     """Fine-tune `model` on the `text_column` of `dataset` with the original objective (cyclical KL schedule up to
-    `config.beta`, free bits, length weighting as configured); the trained model stays in memory.
+    `config.beta`, free bits, length weighting as configured); the trained model stays in memory. A
+    `datasets.IterableDataset` (`read_text_lines(..., streaming=True)`) is read while training, each process its
+    own part, and its position is saved with every checkpoint (`hf_ext.streaming`).
 
     `args` are the `TrainingArguments`; without them they are built (`hf_ext.trainer.training_arguments`) from
     `output_dir` (the Trainer's working folder), `max_steps`, `batch_size`, `learning_rate`, `logging_steps`, `seed`,
@@ -296,6 +312,8 @@ def finetune_optimus(model: "OptimusModel | PeftModel", processor: OptimusProces
                                   learning_rate=learning_rate, logging_steps=logging_steps, seed=seed, **saving,
                                   **training_kwargs)
     schedule = BetaScheduleCallback(n_cycles=n_cycles, ratio_zero=ratio_zero, ratio_increase=ratio_increase)
+    if is_stream(dataset):  # each process reads its own part
+        dataset = split_for_process(dataset, args)
     trainer = OptimusTrainer(model=model, args=args, train_dataset=dataset,
                              data_collator=OptimusDataCollator(processor, text_column, max_length),
                              callbacks=[schedule, *callbacks])
@@ -307,9 +325,10 @@ def finetune_optimus(model: "OptimusModel | PeftModel", processor: OptimusProces
     checkpoint = last_complete_checkpoint(args.output_dir) if args.save_strategy != "no" else None
     if checkpoint is not None:
         logger.warning(f"resuming from {checkpoint}")
-    trainer.train(resume_from_checkpoint=checkpoint)
+    train_keeping_progress(trainer, resume_from_checkpoint=checkpoint)
     return trainer
 
 
 __all__ = ["BetaScheduleCallback", "OptimusDataCollator", "OptimusTrainer", "TrainableParameters", "finetune_optimus",
-           "freeze_or_adapt", "frange_cycle_linear", "frange_cycle_zero_linear", "load_text_dataset", "lora_targets"]
+           "freeze_or_adapt", "frange_cycle_linear", "frange_cycle_zero_linear", "load_text_dataset", "lora_targets",
+           "read_text_lines"]
