@@ -29,7 +29,13 @@ class OptimusLatentSpace:
         from transformers import AutoModel, AutoProcessor
 
         trust = kwargs.pop("trust_remote_code", False)
+        # quantize="int8": int8 weights in the decoder (`quantization.quantize_decoder`), for decoding on the CPU
+        quantize = kwargs.pop("quantize", None)
         model = AutoModel.from_pretrained(name_or_path, trust_remote_code=trust)
+        if quantize is not None:
+            from .quantization import quantize_decoder
+
+            quantize_decoder(model, quantize)
         processor = AutoProcessor.from_pretrained(name_or_path, trust_remote_code=trust)
         return cls(model, processor, **kwargs)
 
