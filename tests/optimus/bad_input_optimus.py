@@ -161,6 +161,15 @@ COMMAND_CASES = {
         folder, tmp, lambda f: fifo(f / "config.json")), "a dog"], 1, "config.json"),
     "optimus encode of a folder with its own code": (
         lambda tmp, folder: ["optimus", "encode", foreign_code(tmp), "a dog"], 1, "only with --trust-remote-code"),
+    # --quantize: an unknown scheme, a model that is not an Optimus (a bare causal LM's folder)
+    "unknown quantization": (lambda tmp, folder: ["optimus", "reconstruct", folder, "a dog", "--quantize", "int3"],
+                             2, "argument --quantize: invalid choice: 'int3' (choose from 'int8')"),
+    "quantizing a decoder that is not an Optimus": (
+        lambda tmp, folder: ["optimus", "sample", write_decoder(tmp / "gpt2"), "--quantize", "int8"], 1,
+        "holds a 'gpt2' model, not an Optimus model"),
+    "--quantize on encode, which decodes nothing": (
+        lambda tmp, folder: ["optimus", "encode", folder, "a dog", "--quantize", "int8"], 2,
+        "unrecognized arguments: --quantize int8"),
     # hf-ext optimus init: backbones in the wrong role, without a key/value cache, with a tokenizer of another model
     "init with an encoder given as the decoder": (
         lambda tmp, folder: ["optimus", "init", write_encoder(tmp / "bert"), tmp / "bert", tmp / "out"], 1,

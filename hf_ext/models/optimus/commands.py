@@ -34,6 +34,7 @@ from .attribute_commands import register_attribute_commands
 from .configuration_optimus import ENCODER_POOLINGS
 from .demo import add_demo_command
 from .loading import load_optimus
+from .quantization import QUANTIZATIONS, quantize_decoder
 
 logger = logging.get_logger(__name__)
 
@@ -45,9 +46,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     tools = model_commands(commands, conversion.CONVERT_NAME, "Optimus latent-space tools and training",
                            "Work with an Optimus model (a folder or a Hub repo id).")
 
-    def tool(name, help_text, handler):
+    def tool(name, help_text, handler, decodes=True):
         parser = tools.add_parser(name, help=help_text, description=help_text)
         add_model_argument(parser, "model folder or Hub repo id")
+        if decodes:
+            parser.add_argument("--quantize", choices=QUANTIZATIONS,
+                                help="int8 weights in the decoder's projections and LM head: faster decoding on the "
+                                "CPU, slightly different logits (docs/export.md)")
         parser.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens to generate (default 32)")
         parser.add_argument("--num-beams", type=positive_int, default=1, help="beam search width (default 1: greedy)")
         parser.add_argument("--sample", action="store_true", help="sample instead of greedy/beam decoding")
@@ -61,8 +66,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         parser.set_defaults(handler=lambda args: handler(args, _latent_space(args)))
         return parser
 
-    tool("encode", "print each sentence's posterior mean and log-variance as JSON", _encode).add_argument(
-        "texts", nargs="+", type=sentence, help="sentences")
+    tool("encode", "print each sentence's posterior mean and log-variance as JSON", _encode,
+         decodes=False).add_argument("texts", nargs="+", type=sentence, help="sentences")
     tool("reconstruct", "encode sentences and decode them from their posterior means", _reconstruct).add_argument(
         "texts", nargs="+", type=sentence, help="sentences")
     tool("sample", "decode latents drawn from the prior", _sample).add_argument(
@@ -95,6 +100,8 @@ def _latent_space(args):
     if args.sample:
         generation.update({name: default if value is None else value for name, (value, default) in sampling.items()})
     model, processor = load_optimus(args.model, args.trust_remote_code, **model_loading_settings(args))
+    if getattr(args, "quantize", None) is not None:
+        quantize_decoder(model, args.quantize)
     try:
         return OptimusLatentSpace(model, processor, **generation)
     except ValueError as error:  # generation settings the model cannot follow

@@ -29,13 +29,14 @@ class OptimusLatentSpace:
     def from_pretrained(cls, name_or_path: str, *, trust_remote_code: bool = False, revision: str | None = None,
                         token: str | bool | None = None, cache_dir: str | None = None, local_files_only: bool = False,
                         dtype: "str | torch.dtype | None" = None, device_map: str | dict | torch.device | None = None,
-                        model_kwargs: dict[str, Any] | None = None, max_new_tokens: int = 32,
-                        **generation_kwargs: Any) -> "OptimusLatentSpace":
+                        model_kwargs: dict[str, Any] | None = None, quantize: str | None = None,
+                        max_new_tokens: int = 32, **generation_kwargs: Any) -> "OptimusLatentSpace":
         """The model and processor of `name_or_path` (a folder or Hub repo id), split as `transformers.pipeline`
         splits its keywords: where to find them (`trust_remote_code`, `revision`, `token`, `cache_dir`,
         `local_files_only`) goes to both `from_pretrained` calls; `dtype`, `device_map` and any other model keyword
-        in `model_kwargs` to the model's; `max_new_tokens` and the rest (`num_beams`, `do_sample`, `top_p`, ...) are
-        the generation settings of every decoding."""
+        in `model_kwargs` to the model's; `quantize="int8"` puts int8 weights in the decoder
+        (`quantization.quantize_decoder`, for decoding on the CPU); `max_new_tokens` and the rest (`num_beams`,
+        `do_sample`, `top_p`, ...) are the generation settings of every decoding."""
         from transformers import AutoModel, AutoProcessor
 
         hub = {"trust_remote_code": trust_remote_code, "revision": revision, "token": token, "cache_dir": cache_dir,
@@ -43,6 +44,10 @@ class OptimusLatentSpace:
         model_settings = {name: value for name, value in (("dtype", dtype), ("device_map", device_map))
                           if value is not None}
         model = AutoModel.from_pretrained(name_or_path, **hub, **model_settings, **(model_kwargs or {}))
+        if quantize is not None:
+            from .quantization import quantize_decoder
+
+            quantize_decoder(model, quantize)
         processor = AutoProcessor.from_pretrained(name_or_path, **hub)
         return cls(model, processor, max_new_tokens=max_new_tokens, **generation_kwargs)
 
