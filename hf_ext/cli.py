@@ -52,8 +52,9 @@ def build_parser(prog: str = "hf-ext") -> Parser:
     onnx = formats.add_parser(
         "onnx", help="ONNX graphs checked on ONNX Runtime (needs the onnx extra)",
         description=f"Export MODEL (a folder or Hub repo id of a model hf-ext exports: {exportable}) to ONNX graphs "
-        "in the new folder OUT, each checked on ONNX Runtime against PyTorch at two shapes "
-        "(max abs error at most 1e-4), with the checks in OUT/onnx_export.json and OUT/README.md. It traces and "
+        "in the new folder OUT, each checked on ONNX Runtime against PyTorch at two shapes (max abs error at most "
+        "1e-4 x the output's largest magnitude where above 1), with the checks in OUT/onnx_export.json and "
+        "OUT/README.md. It traces and "
         "checks on the CPU in float32 by design, whatever GPU the machine has: ONNX Runtime chooses where the graphs "
         "run (docs/gpu.md). Needs the onnx extra (docs/install.md).")
     add_model_argument(onnx, "model folder or Hub repo id")
