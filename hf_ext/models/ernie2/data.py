@@ -48,7 +48,7 @@ from .configuration_ernie2 import Ernie2PreTrainingConfig
 from .schedule import ContinualSchedule
 
 if TYPE_CHECKING:  # datasets is imported only when data is built
-    from datasets import Dataset, DatasetDict, IterableDataset
+    from datasets import Dataset, DatasetDict, Features, IterableDataset
 
     from .schedule import Stage
 
@@ -141,7 +141,7 @@ def load_documents(path: str | Path) -> "Dataset":
     return documents_from_records(documents, str(path))
 
 
-def document_features():
+def document_features() -> "Features":
     """The `datasets.Features` of a documents dataset (`documents_from_records`)."""
     from datasets import Features, List, Value
 
