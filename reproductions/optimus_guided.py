@@ -42,6 +42,8 @@ from optimus_decoders import build_processor, optimus_config
 
 from hf_ext.models.optimus import OptimusLatentSpace, OptimusModel, OptimusProcessor
 from hf_ext.models.optimus.attributes import (
+    GAUSSIAN_TEMPERATURE,
+    LABEL_SHRINKAGE,
     METHODS,
     edited_latents,
     latent_base,
@@ -246,7 +248,8 @@ def run(args) -> dict:
     map_source = recombined[0]
     return {"settings": {"steps": steps, "labels_per_class": LABELS_PER_CLASS, "samples_per_label": samples,
                          "samples_per_pair": SAMPLES_PER_PAIR, "training_seconds": training_seconds,
-                         "model_trained_before": reused},
+                         "model_trained_before": reused,
+                         "gaussian_temperature": GAUSSIAN_TEMPERATURE, "label_shrinkage": LABEL_SHRINKAGE},
             "attributes": attributes, "pairs": pairs, "editing": editing,
             "latent_map": latent_map(space, operators, recombined, (map_source, {MAP_PART: SUBJECTS[1]}))}
 

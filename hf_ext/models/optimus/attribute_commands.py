@@ -11,7 +11,15 @@ import torch
 from ...arguments import positive_float, positive_int, sentence
 from ...cli_utils import add_device_arguments, add_model_argument, model_loading_settings
 from ...errors import HfExtError, require
-from .attributes import ATTRIBUTES_FOLDER, DEFAULT_METHOD, FLOW_STEPS, METHODS, NAME_PATTERN, TRAINING_STEPS
+from .attributes import (
+    ATTRIBUTES_FOLDER,
+    DEFAULT_METHOD,
+    FLOW_STEPS,
+    GAUSSIAN_TEMPERATURE,
+    METHODS,
+    NAME_PATTERN,
+    TRAINING_STEPS,
+)
 from .loading import load_optimus
 
 
@@ -58,6 +66,9 @@ def register_attribute_commands(tools: argparse._SubParsersAction) -> None:
     parser = flow_tool("sample", "decode latents drawn with the requested attributes", _sample)
     parser.add_argument("--num", type=positive_int, default=5, help="how many sentences (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--temperature", type=positive_float, default=GAUSSIAN_TEMPERATURE,
+                        help="share of the label Gaussian's spread in --method gaussian "
+                        f"(default {GAUSSIAN_TEMPERATURE})")
     flow_tool("edit", "move sentences' latents to the requested attributes, keeping the other operators' "
               "attributes, and decode them", _edit).add_argument("texts", nargs="+", type=sentence,
                                                                  help="sentences")
@@ -130,7 +141,8 @@ def _sample(args):
     space = _space(args, model, processor)
     generator = torch.Generator(device=model.device).manual_seed(args.seed)
     for text in space.guided_sample(request, args.num, operators=operators, generator=generator,
-                                    steps=args.flow_steps, strength=args.strength, method=args.method):
+                                    steps=args.flow_steps, strength=args.strength, method=args.method,
+                                    temperature=args.temperature):
         print(text)
 
 

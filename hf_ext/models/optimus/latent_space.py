@@ -99,16 +99,19 @@ class OptimusLatentSpace:
 
     def guided_sample(self, attributes: dict[str, str], num_samples: int, operators: dict | None = None,
                       generator: torch.Generator | None = None, steps: int | None = None, strength: float = 1.0,
-                      method: str | None = None, **generation_kwargs: Any) -> list[str]:
+                      method: str | None = None, temperature: float | None = None, **generation_kwargs: Any,
+                      ) -> list[str]:
         """Decode latents drawn from p(z | attributes) (`attributes`: `{name: label}` of the operators, by
         default those stored in the model's folder); `method`: `gaussian` (the default; draws from the labels'
-        Gaussians) or `flow` (LatentOps' ODE sampler, `steps` and `strength` its settings)."""
-        from .attributes import DEFAULT_METHOD, FLOW_STEPS, check_method, guided_latents
+        Gaussians, `temperature` the share of their spread) or `flow` (LatentOps' ODE sampler, `steps` and
+        `strength` its settings)."""
+        from .attributes import DEFAULT_METHOD, FLOW_STEPS, GAUSSIAN_TEMPERATURE, check_method, guided_latents
 
         check_method(method or DEFAULT_METHOD)
         operators = self.latent_attributes() if operators is None else operators
         latents = guided_latents(operators, attributes, num_samples, self.model.config.latent_size, generator,
-                                 steps or FLOW_STEPS, strength, self.model.device, method or DEFAULT_METHOD)
+                                 steps or FLOW_STEPS, strength, self.model.device, method or DEFAULT_METHOD,
+                                 GAUSSIAN_TEMPERATURE if temperature is None else temperature)
         return self.decode(latents.to(self.model.dtype), **generation_kwargs)
 
     def edit(self, texts: str | Iterable[str], attributes: dict[str, str], operators: dict | None = None,
