@@ -70,8 +70,8 @@ SHRINKAGE = 0.05  # of the fitted covariance towards the identity times its mean
 LABEL_SHRINKAGE = 0.005
 # the spread of the `gaussian` method's draws, a share of the label Gaussian's: on the three demo models of
 # reproductions/optimus_guided.py, 1.0, 0.7, 0.5, 0.3 matched the requested subject 0.75-0.97, 0.82-1.00, 0.97-1.00,
-# 1.00 (the subject and activity together 0.17-0.80, 0.17-0.82, 0.45-0.75, 0.65-0.88), distinct samples falling
-# by about a fifth with each step below 0.7
+# 1.00 (the subject and activity together 0.17-0.80, 0.17-0.82, 0.45-0.75, 0.65-0.88), the share of distinct
+# samples 0.45-0.85, 0.42-0.72, 0.33-0.65, 0.25-0.42
 GAUSSIAN_TEMPERATURE = 0.5
 METHODS = ("gaussian", "flow")  # of guided sampling and editing
 DEFAULT_METHOD = "gaussian"  # of the latent space, the commands and the app: measured better (docs/optimus.md)
