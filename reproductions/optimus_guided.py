@@ -1,6 +1,8 @@
 """Guided generation and editing in Optimus' latent space (issue 31; the paper's Section 5.3 by the method of
 LatentOps, Liu et al., EMNLP 2023): attribute classifiers on the latent of a frozen model, trained from at most 20
-labelled sentences per class, steer an ODE sampler and an editor (`hf_ext.models.optimus.attributes`).
+labelled sentences per class, steer an ODE sampler and an editor (`hf_ext.models.optimus.attributes`, method
+`flow`); beside them, on the same models and operators, the label Gaussians fitted to the same sentences (method
+`gaussian`: sampling from the requested labels' Gaussian, editing by the difference of label means).
 
 Model: the demo's recipe and data (`hf_ext/models/optimus/demo.py`, with `optimus_decoders.py`'s GPT-2 set-up): the
 40 bundled sentences and 216 recombined from their parts (subject, activity, place), 5,000 steps. Attributes: the
@@ -8,20 +10,26 @@ three parts, so that every decoded sentence can be parsed back (`demo.sentence_p
 when it is exactly "SUBJECT is ACTIVITY PLACE ." with known parts. Operators: one per part, trained on 20 recombined
 sentences per label. Measured, per seed:
 
-- guided sampling, one attribute: every label of every part, `SAMPLES_PER_LABEL` samples each: the share whose
-  parsed part is the requested one, beside the same count drawn from the sampler's starting distribution without
-  guidance; the share well-formed; the share of distinct outputs; seconds per 100 samples (flow and decoding);
+- guided sampling, one attribute, by each method: every label of every part, `SAMPLES_PER_LABEL` samples each: the
+  share whose parsed part is the requested one, beside the same count drawn from the flow's starting distribution
+  without guidance; the share well-formed; the share of distinct outputs; seconds per 100 samples (latents and
+  decoding);
 - two attributes combined: `PAIR_REQUESTS` random label pairs of each two parts, the share matching both;
-- editing: `EDITS` random (recombined sentence, part, other label) requests: the share whose output has the target
-  label and keeps the other two parts, and beside it the reconstruction's own share keeping each part (what the
-  latent carries: an edit cannot keep what the model does not encode);
+- editing, by each method (and the `gaussian` one with `keep_others`, the move off the other parts' directions):
+  `EDITS` random (recombined sentence, part, other label) requests: the share whose output has the target label and
+  keeps the other two parts, and beside it the reconstruction's own share keeping each part (what the latent
+  carries: an edit cannot keep what the model does not encode);
 - the latent map of seed 0: posterior means on a plane, the subject operator's regions and one edit's path.
 
     python reproductions/optimus_guided.py --jobs 2 --threads 1 \\
         --output reproductions/results/optimus_guided.json --plot docs/images/optimus_guided.png
+
+`--models DIR` keeps each seed's trained model in DIR/seed-N (with its training time) and a later run with the same
+DIR measures those models instead of training them again (the recipe and seed are the same; the results say so).
 """
 
 import itertools
+import json
 import random
 import tempfile
 import time
@@ -32,8 +40,11 @@ from common import holds, main, markdown_table, reproduction_parser, spread, val
 from datasets import Dataset
 from optimus_decoders import build_processor, optimus_config
 
-from hf_ext.models.optimus import OptimusLatentSpace, OptimusModel
+from hf_ext.models.optimus import OptimusLatentSpace, OptimusModel, OptimusProcessor
 from hf_ext.models.optimus.attributes import (
+    GAUSSIAN_TEMPERATURE,
+    LABEL_SHRINKAGE,
+    METHODS,
     edited_latents,
     latent_base,
     train_latent_attribute,
@@ -67,6 +78,8 @@ MAX_NEW_TOKENS = 24
 MAP_PART = "subject"  # the operator whose regions the map shows
 MAP_GRID = 60  # points per side of the grid the regions are drawn from
 
+EDITORS = {"flow": {"method": "flow"}, "gaussian": {"method": "gaussian"},
+           "gaussian, keep_others": {"method": "gaussian", "keep_others": True}}
 GOALS = {"one attribute": 0.9, "two attributes": 0.8, "well-formed": 0.9, "editing": 0.8}
 
 
@@ -88,27 +101,75 @@ def train_model(processor, steps: int, seed: int, folder: Path) -> OptimusModel:
     return model.eval()
 
 
-def measure_sampling(space, operators, requests, samples, generator) -> dict:
-    """Guided samples of each request, and as many unguided draws from the flow's starting distribution."""
-    matched = base_matched = formed = 0
-    outputs: list[str] = []
-    seconds = 0.0
+def matches(text: str, request: dict) -> bool:
+    return all(sentence_parts(text).get(name) == label for name, label in request.items())
+
+
+def measure_sampling(space, operators, requests, samples, seed) -> dict:
+    """Guided samples of each request by each method (each from a generator of `seed`), and as many unguided draws
+    from the flow's starting distribution."""
     mean, scale = latent_base(operators.values())
-    for request in requests:
-        started = time.perf_counter()
-        texts = space.guided_sample(request, samples, operators=operators, generator=generator)
-        seconds += time.perf_counter() - started
-        base = space.decode(mean + torch.randn((samples, len(mean)), generator=generator) @ scale.T)
-        outputs += texts
-        matched += sum(all(sentence_parts(text).get(name) == label for name, label in request.items())
-                       for text in texts)
-        base_matched += sum(all(sentence_parts(text).get(name) == label for name, label in request.items())
-                            for text in base)
-        formed += sum(map(well_formed, texts))
+    generator = torch.Generator().manual_seed(seed)
+    base_matched = sum(matches(text, request) for request in requests for text in
+                       space.decode(mean + torch.randn((samples, len(mean)), generator=generator) @ scale.T))
     total = len(requests) * samples
-    return {"samples": total, "match": matched / total, "unguided_match": base_matched / total,
-            "well_formed": formed / total, "distinct": len(set(outputs)) / total,
-            "seconds_per_100": 100 * seconds / total, "examples": outputs[:: max(1, samples)][:6]}
+    measured = {"samples": total, "unguided_match": base_matched / total}
+    for method in METHODS:
+        generator = torch.Generator().manual_seed(seed)
+        matched = formed = 0
+        outputs: list[str] = []
+        seconds = 0.0
+        for request in requests:
+            started = time.perf_counter()
+            texts = space.guided_sample(request, samples, operators=operators, generator=generator, method=method)
+            seconds += time.perf_counter() - started
+            outputs += texts
+            matched += sum(matches(text, request) for text in texts)
+            formed += sum(map(well_formed, texts))
+        measured[method] = {"match": matched / total, "well_formed": formed / total,
+                            "distinct": len(set(outputs)) / total, "seconds_per_100": 100 * seconds / total,
+                            "examples": outputs[:: max(1, samples)][:6]}
+    return measured
+
+
+def measure_editing(space, operators, edits, editor: dict) -> dict:
+    """The share of `edits` (sentence, {part: label}) whose output has the label and keeps the other parts."""
+    results = []
+    for source, request in edits:
+        output = space.edit([source], request, operators=operators, **editor)[0]
+        (name, label), = request.items()
+        before, after = sentence_parts(source), sentence_parts(output)
+        kept = all(after.get(other) == before[other] for other in PARTS if other != name)
+        results.append({"source": source, "attribute": name, "label": label, "output": output,
+                        "reached": after.get(name) == label, "kept": kept})
+    return {"edits": len(results), "success": sum(r["reached"] and r["kept"] for r in results) / len(results),
+            "reached": sum(r["reached"] for r in results) / len(results),
+            "kept": sum(r["kept"] for r in results) / len(results),
+            "by_attribute": {name: sum(r["reached"] and r["kept"] for r in results if r["attribute"] == name)
+                             / max(1, sum(r["attribute"] == name for r in results)) for name in PARTS},
+            "examples": results[:6]}
+
+
+def trained_model(args, steps: int, scratch: Path) -> tuple[OptimusModel, OptimusProcessor, float, bool]:
+    """The seed's model and processor, its training seconds, and whether it was read from `--models`."""
+    kept = args.models / f"seed-{args.seed}" if args.models else None
+    if kept is not None and (kept / "training.json").is_file():
+        training = json.loads((kept / "training.json").read_text())
+        if training["steps"] == steps:
+            print(f"seed {args.seed}: the model trained before in {kept} ({steps} steps)", flush=True)
+            return (OptimusModel.from_pretrained(kept).eval(), OptimusProcessor.from_pretrained(kept),
+                    training["training_seconds"], True)
+    processor = build_processor(scratch / "tokenizers")
+    print(f"seed {args.seed}: training the model ({steps} steps)", flush=True)
+    started = time.perf_counter()
+    model = train_model(processor, steps, args.seed, scratch / "model")
+    seconds = round(time.perf_counter() - started, 1)
+    if kept is not None:
+        model.save_pretrained(kept)
+        processor.save_pretrained(kept)
+        (kept / "training.json").write_text(json.dumps({"steps": steps, "seed": args.seed,
+                                                        "training_seconds": seconds}))
+    return model, processor, seconds, False
 
 
 def latent_map(space, operators, sentences, edit) -> dict:
@@ -145,11 +206,7 @@ def run(args) -> dict:
     rng = random.Random(args.seed)
     recombined = recombined_sentences()
     with tempfile.TemporaryDirectory() as scratch:
-        processor = build_processor(Path(scratch) / "tokenizers")
-        print(f"seed {args.seed}: training the model ({steps} steps)", flush=True)
-        started = time.perf_counter()
-        model = train_model(processor, steps, args.seed, Path(scratch) / "model")
-    training_seconds = time.perf_counter() - started
+        model, processor, training_seconds, reused = trained_model(args, steps, Path(scratch))
     space = OptimusLatentSpace(model, processor, max_new_tokens=MAX_NEW_TOKENS)
     means, _ = space.encode(recombined)
     reconstructions = space.decode(means)
@@ -169,17 +226,16 @@ def run(args) -> dict:
             "reconstruction_keeps": sum(sentence_parts(output).get(name) == sentence_parts(text)[name]
                                         for output, text in zip(reconstructions, recombined, strict=True))
                                     / len(recombined)}
-    generator = torch.Generator().manual_seed(args.seed)
     for name, labels in PARTS.items():
         print(f"seed {args.seed}: guided sampling of the {name}", flush=True)
         attributes[name].update(measure_sampling(space, operators, [{name: label} for label in labels], samples,
-                                                 generator))
+                                                 args.seed))
     pairs = {}
     for first, second in itertools.combinations(PARTS, 2):
         combinations = list(itertools.product(PARTS[first], PARTS[second]))
         requests = [{first: a, second: b} for a, b in
                     rng.sample(combinations, QUICK_PAIR_REQUESTS if quick else PAIR_REQUESTS)]
-        pairs[f"{first} + {second}"] = measure_sampling(space, operators, requests, SAMPLES_PER_PAIR, generator)
+        pairs[f"{first} + {second}"] = measure_sampling(space, operators, requests, SAMPLES_PER_PAIR, args.seed)
 
     print(f"seed {args.seed}: editing", flush=True)
     edits = []
@@ -188,45 +244,45 @@ def run(args) -> dict:
         name = rng.choice(list(PARTS))
         parts = sentence_parts(source)
         edits.append((source, {name: rng.choice([label for label in PARTS[name] if label != parts[name]])}))
-    outputs = [space.edit([source], request, operators=operators)[0] for source, request in edits]
-    results = []
-    for (source, request), output in zip(edits, outputs, strict=True):
-        (name, label), = request.items()
-        before, after = sentence_parts(source), sentence_parts(output)
-        kept = all(after.get(other) == before[other] for other in PARTS if other != name)
-        results.append({"source": source, "attribute": name, "label": label, "output": output,
-                        "reached": after.get(name) == label, "kept": kept})
-    editing = {"edits": len(results), "success": sum(r["reached"] and r["kept"] for r in results) / len(results),
-               "reached": sum(r["reached"] for r in results) / len(results),
-               "kept": sum(r["kept"] for r in results) / len(results),
-               "by_attribute": {name: sum(r["reached"] and r["kept"] for r in results if r["attribute"] == name)
-                                / max(1, sum(r["attribute"] == name for r in results)) for name in PARTS},
-               "examples": results[:6]}
+    editing = {editor: measure_editing(space, operators, edits, settings) for editor, settings in EDITORS.items()}
     map_source = recombined[0]
     return {"settings": {"steps": steps, "labels_per_class": LABELS_PER_CLASS, "samples_per_label": samples,
-                         "samples_per_pair": SAMPLES_PER_PAIR, "training_seconds": round(training_seconds, 1)},
+                         "samples_per_pair": SAMPLES_PER_PAIR, "training_seconds": training_seconds,
+                         "model_trained_before": reused,
+                         "gaussian_temperature": GAUSSIAN_TEMPERATURE, "label_shrinkage": LABEL_SHRINKAGE},
             "attributes": attributes, "pairs": pairs, "editing": editing,
             "latent_map": latent_map(space, operators, recombined, (map_source, {MAP_PART: SUBJECTS[1]}))}
 
 
 def claims(results: dict) -> list[tuple[str, object]]:
-    def single(seed, name):
-        return seed["attributes"][name]["match"]
+    def single(seed, name, method):
+        return seed["attributes"][name][method]["match"]
 
-    return [
-        (f"guided sampling matches one requested part >= {GOALS['one attribute']} (each part)",
-         lambda seed: all(single(seed, name) >= GOALS["one attribute"] for name in PARTS)),
-        ("... for the subject and the activity (the parts the reconstructions keep)",
-         lambda seed: all(single(seed, name) >= GOALS["one attribute"] for name in ("subject", "activity"))),
-        ("guided sampling matches more often than unguided draws (each part)",
-         lambda seed: all(single(seed, name) > seed["attributes"][name]["unguided_match"] for name in PARTS)),
-        (f"two parts combined match >= {GOALS['two attributes']} (each pair)",
-         lambda seed: all(pair["match"] >= GOALS["two attributes"] for pair in seed["pairs"].values())),
-        (f"guided samples well-formed >= {GOALS['well-formed']}",
-         lambda seed: all(seed["attributes"][name]["well_formed"] >= GOALS["well-formed"] for name in PARTS)),
-        (f"edits reach the target and keep the other parts >= {GOALS['editing']}",
-         lambda seed: seed["editing"]["success"] >= GOALS["editing"]),
-    ]
+    found = []
+    for method in METHODS:
+        found += [
+            (f"{method}: guided sampling matches one requested part >= {GOALS['one attribute']} (each part)",
+             lambda seed, m=method: all(single(seed, name, m) >= GOALS["one attribute"] for name in PARTS)),
+            (f"{method}: ... for the subject and the activity (the parts the reconstructions keep)",
+             lambda seed, m=method: all(single(seed, name, m) >= GOALS["one attribute"]
+                                        for name in ("subject", "activity"))),
+            (f"{method}: guided sampling matches more often than unguided draws (each part)",
+             lambda seed, m=method: all(single(seed, name, m) > seed["attributes"][name]["unguided_match"]
+                                        for name in PARTS)),
+            (f"{method}: two parts combined match >= {GOALS['two attributes']} (each pair)",
+             lambda seed, m=method: all(pair[m]["match"] >= GOALS["two attributes"]
+                                        for pair in seed["pairs"].values())),
+            (f"{method}: guided samples well-formed >= {GOALS['well-formed']}",
+             lambda seed, m=method: all(seed["attributes"][name][m]["well_formed"] >= GOALS["well-formed"]
+                                        for name in PARTS)),
+            (f"{method}: edits reach the target and keep the other parts >= {GOALS['editing']}",
+             lambda seed, m=method: seed["editing"][m]["success"] >= GOALS["editing"]),
+        ]
+    found.append(("gaussian matches one part more often than flow (each part)",
+                  lambda seed: all(single(seed, name, "gaussian") > single(seed, name, "flow") for name in PARTS)))
+    found.append(("gaussian edits succeed more often than flow edits",
+                  lambda seed: seed["editing"]["gaussian"]["success"] > seed["editing"]["flow"]["success"]))
+    return found
 
 
 def tables(results: dict) -> str:
@@ -238,28 +294,34 @@ def tables(results: dict) -> str:
              f"{first['attributes'][name]['parameters']:,}",
              cell(lambda seed, n=name: seed["attributes"][n]["accuracy"]),
              cell(lambda seed, n=name: seed["attributes"][n]["reconstruction_keeps"]),
-             cell(lambda seed, n=name: seed["attributes"][n]["match"]),
-             cell(lambda seed, n=name: seed["attributes"][n]["unguided_match"]),
-             cell(lambda seed, n=name: seed["attributes"][n]["well_formed"]),
-             cell(lambda seed, n=name: seed["attributes"][n]["distinct"]),
-             cell(lambda seed, n=name: seed["attributes"][n]["seconds_per_100"], 1)] for name in PARTS]
-    single = markdown_table(["part", "labels x sentences", "classifier parameters", "classifier accuracy (216 "
-                             "sentences)", "reconstruction keeps the part", "guided: part matches", "unguided: "
-                             "part matches", "well-formed", "distinct", "seconds per 100 samples"], rows)
-    pair_rows = [[pair, cell(lambda seed, p=pair: seed["pairs"][p]["match"]),
+             cell(lambda seed, n=name: seed["attributes"][n]["unguided_match"])] for name in PARTS]
+    operators = markdown_table(["part", "labels x sentences", "classifier parameters", "classifier accuracy (216 "
+                                "sentences)", "reconstruction keeps the part", "unguided: part matches"], rows)
+    rows = [[name, method,
+             cell(lambda seed, n=name, m=method: seed["attributes"][n][m]["match"]),
+             cell(lambda seed, n=name, m=method: seed["attributes"][n][m]["well_formed"]),
+             cell(lambda seed, n=name, m=method: seed["attributes"][n][m]["distinct"]),
+             cell(lambda seed, n=name, m=method: seed["attributes"][n][m]["seconds_per_100"], 1)]
+            for name in PARTS for method in METHODS]
+    single = markdown_table(["part", "method", "guided: part matches", "well-formed", "distinct",
+                             "seconds per 100 samples"], rows)
+    pair_rows = [[pair, method, cell(lambda seed, p=pair, m=method: seed["pairs"][p][m]["match"]),
                   cell(lambda seed, p=pair: seed["pairs"][p]["unguided_match"]),
-                  cell(lambda seed, p=pair: seed["pairs"][p]["well_formed"]),
-                  cell(lambda seed, p=pair: seed["pairs"][p]["distinct"])] for pair in first["pairs"]]
-    pairs = markdown_table(["two parts", "guided: both match", "unguided: both match", "well-formed", "distinct"],
-                           pair_rows)
-    edit_rows = [["all", cell(lambda seed: seed["editing"]["success"]), cell(lambda seed: seed["editing"]["reached"]),
-                  cell(lambda seed: seed["editing"]["kept"])]]
-    edit_rows += [[f"edits of the {name}", cell(lambda seed, n=name: seed["editing"]["by_attribute"][n]), "", ""]
-                  for name in PARTS]
-    editing = markdown_table([f"editing ({first['editing']['edits']} edits per seed)", "target reached, other "
-                              "parts kept", "target reached", "other parts kept"], edit_rows)
+                  cell(lambda seed, p=pair, m=method: seed["pairs"][p][m]["well_formed"]),
+                  cell(lambda seed, p=pair, m=method: seed["pairs"][p][m]["distinct"])]
+                 for pair in first["pairs"] for method in METHODS]
+    pairs = markdown_table(["two parts", "method", "guided: both match", "unguided: both match", "well-formed",
+                            "distinct"], pair_rows)
+    edit_rows = [[editor, cell(lambda seed, e=editor: seed["editing"][e]["success"]),
+                  cell(lambda seed, e=editor: seed["editing"][e]["reached"]),
+                  cell(lambda seed, e=editor: seed["editing"][e]["kept"])]
+                 + [cell(lambda seed, e=editor, n=name: seed["editing"][e]["by_attribute"][n]) for name in PARTS]
+                 for editor in EDITORS]
+    editing = markdown_table([f"editing ({first['editing']['flow']['edits']} edits per seed)", "target reached, "
+                              "other parts kept", "target reached", "other parts kept",
+                              *(f"success, edits of the {name}" for name in PARTS)], edit_rows)
     claim_rows = [[claim, holds(results, test)] for claim, test in claims(results)]
-    return "\n\n".join([single, pairs, editing, markdown_table(["claim", "holds in (seeds)"], claim_rows)])
+    return "\n\n".join([operators, single, pairs, editing, markdown_table(["claim", "holds in (seeds)"], claim_rows)])
 
 
 def draw(pyplot, results: dict, path: Path) -> None:
@@ -272,5 +334,12 @@ def draw(pyplot, results: dict, path: Path) -> None:
                        "an edit")
 
 
+def parser():
+    arguments = reproduction_parser(__doc__)
+    arguments.add_argument("--models", type=Path, help="keep each seed's trained model here, and measure those kept "
+                           "before instead of training again")
+    return arguments
+
+
 if __name__ == "__main__":
-    main(reproduction_parser(__doc__), run, tables, draw)
+    main(parser(), run, tables, draw)

@@ -266,6 +266,18 @@ COMMAND_CASES = {
         "'subject': write an attribute as name=label"),
     "no attribute requested": (lambda tmp, folder: ["optimus", "attribute", "sample", folder], 2,
                                "the following arguments are required: --attribute"),
+    "an unknown guided-sampling method": (
+        lambda tmp, folder: ["optimus", "attribute", "sample", folder, "--operators", operator(tmp, folder),
+                             "--attribute", "subject=a man", "--method", "magic"], 2,
+        "argument --method: invalid choice: 'magic'"),
+    "an unknown editing method": (
+        lambda tmp, folder: ["optimus", "attribute", "edit", folder, "a man is reading .", "--operators",
+                             operator(tmp, folder), "--attribute", "subject=a man", "--method", "magic"], 2,
+        "argument --method: invalid choice: 'magic'"),
+    "the gaussian method with an operator saved before label Gaussians (format 1)": (
+        lambda tmp, folder: ["optimus", "attribute", "sample", folder, "--operators",
+                             operator(tmp, folder, format_1=True), "--attribute", "subject=a man"], 1,
+        "operator 'subject' was saved before label Gaussians existed (format 1): retrain it"),
     "labelled data of one label": (
         lambda tmp, folder: ["optimus", "attribute", "train", folder, tmp / "out", "--name", "subject", "--data",
                              written(tmp / "d.jsonl", '{"text": "a man is reading .", "label": "a man"}\n')], 1,
@@ -287,16 +299,34 @@ COMMAND_CASES = {
 }
 
 
-def operator(tmp, folder, fingerprint=None, latent_size=None):
-    """A folder holding a `subject` operator (labels "a man", "a woman") for the model in `folder`."""
+def operator(tmp, folder, fingerprint=None, latent_size=None, format_1=False):
+    """A folder holding a `subject` operator (labels "a man", "a woman") for the model in `folder`; with `format_1`
+    as saved before the label Gaussians existed."""
     from hf_ext.models.optimus import OptimusModel
     from hf_ext.models.optimus.attributes import ATTRIBUTES_FOLDER, LatentAttribute, latent_fingerprint
 
     model = OptimusModel.from_pretrained(folder)
-    LatentAttribute("subject", ["a man", "a woman"], latent_size or model.config.latent_size,
-                    fingerprint=latent_fingerprint(model) if fingerprint is None else fingerprint).save(
+    saved = LatentAttribute("subject", ["a man", "a woman"], latent_size or model.config.latent_size,
+                            fingerprint=latent_fingerprint(model) if fingerprint is None else fingerprint).save(
         tmp / "operators" / ATTRIBUTES_FOLDER / "subject")
+    if format_1:
+        as_format_1(saved)
     return tmp / "operators"
+
+
+def as_format_1(folder):
+    """Rewrite the operator in `folder` as format 1 wrote it: no version field, no label Gaussians."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from hf_ext.models.optimus.attributes import CONFIG_NAME, LABEL_GAUSSIAN_KEYS, WEIGHTS_NAME
+
+    config = json.loads((folder / CONFIG_NAME).read_text())
+    del config["format_version"]
+    (folder / CONFIG_NAME).write_text(json.dumps(config))
+    weights = load_file(folder / WEIGHTS_NAME)
+    save_file({key: value for key, value in weights.items() if key not in LABEL_GAUSSIAN_KEYS}, folder / WEIGHTS_NAME)
 
 
 def initialised(tmp, encoder, decoder):

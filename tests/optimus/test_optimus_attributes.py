@@ -1,7 +1,8 @@
 """Latent attribute operators (`hf_ext.models.optimus.attributes`) on a tiny Optimus: training on the bundled
 sentences' parts, saving and loading (a foreign operator refused), guided sampling that the classifiers accept more
-often than the unguided draws, editing that moves the requested attribute and keeps the others, the commands and
-the app's `guided_sample` and `edit` endpoints."""
+often than the unguided draws, editing that moves the requested attribute and keeps the others (both methods: the
+flow on the classifiers and the label Gaussians), the commands and the app's `guided_sample` and `edit`
+endpoints."""
 
 import random
 import shutil
@@ -13,6 +14,7 @@ from hf_ext.models.optimus import OptimusLatentSpace, OptimusModel
 from hf_ext.models.optimus.attributes import (
     ATTRIBUTES_FOLDER,
     LatentAttribute,
+    arithmetic_edited_latents,
     edited_latents,
     guided_latents,
     latent_base,
@@ -90,6 +92,55 @@ def test_guided_latents_satisfy_the_classifiers_more_often_than_the_draws_they_s
         assert accepted(guided) >= 0.9 > accepted(unguided) + 0.3
 
 
+def accepted(operators, latents, request):
+    """The share of `latents` that every requested operator's classifier gives its requested label."""
+    return sum(all(operators[name].predict(latents)[row] == label for name, label in request.items())
+               for row in range(len(latents))) / len(latents)
+
+
+def test_gaussian_latents_satisfy_the_classifiers_more_often_than_prior_draws(space, operators):
+    # the label Gaussians are fitted to the posterior means, the classifiers to those means and posterior draws: the
+    # classifiers judge the Gaussians' samples independently (a random model's classifiers are weak judges: 0.36 to
+    # 0.69 acceptance against 0.02 to 0.38 for the draws); the Gaussians' own nearest label accepts 0.70 to 0.97
+    generator = torch.Generator().manual_seed(0)
+    mean, scale = latent_base(operators.values())
+    for request in ({"subject": SUBJECTS[2]}, {"activity": ACTIVITIES[1]},
+                    {"subject": SUBJECTS[0], "activity": ACTIVITIES[3]}):
+        guided = guided_latents(operators, request, 64, space.model.config.latent_size, generator, method="gaussian")
+        prior = space.model.sample_prior(64, generator)
+        fitted = mean + torch.randn((64, len(mean)), generator=generator) @ scale.T
+        assert accepted(operators, guided, request) > max(accepted(operators, prior, request),
+                                                          accepted(operators, fitted, request)) + 0.2
+        nearest = {name: operators[name].nearest_label(guided) for name in request}
+        assert sum(all(nearest[name][row] == operators[name].label_id(label) for name, label in request.items())
+                   for row in range(len(guided))) / len(guided) >= 0.7
+
+
+def test_gaussian_editing_changes_the_predicted_label_and_keeps_the_others(space, operators):
+    sentences = recombined_sentences()[::11]
+    means = space.encode(sentences)[0]
+    before = {part: operators[part].predict(means) for part in PARTS}
+    targets = [next(label for label in SUBJECTS if label != current) for current in before["subject"]]
+    moved = torch.cat([arithmetic_edited_latents(operators, means[row:row + 1], {"subject": target}, keep_others=True)
+                       for row, target in enumerate(targets)])
+    # by the label Gaussians' nearest label (0.8 here) and by the classifier (0.2 here; 0 before, by the choice of
+    # the targets), the activity's classifier keeping its label (0.95 here)
+    subject = operators["subject"]
+    nearest = [subject.labels[index] for index in subject.nearest_label(moved).tolist()]
+    assert sum(n == t for n, t in zip(nearest, targets, strict=True)) / len(targets) >= 0.7
+    assert sum(p == t for p, t in zip(subject.predict(moved), targets, strict=True)) / len(targets) >= 0.15
+    kept = sum(p == b for p, b in zip(operators["activity"].predict(moved), before["activity"], strict=True))
+    assert kept / len(targets) >= 0.9
+    # the move is the difference of the two labels' means, less its part along the activity's label means
+    activity = operators["activity"]
+    step = subject.label_means[subject.label_id(targets[0])] - subject.label_means[subject.nearest_label(means[:1])[0]]
+    directions = activity.label_means - activity.label_means.mean(0)
+    assert (moved[0] - means[0] - step).norm() > 0
+    torch.testing.assert_close((moved[0] - means[0]) @ directions.T, torch.zeros(len(directions)), atol=1e-4,
+                               rtol=0)
+    assert arithmetic_edited_latents(operators, means[:1], {"subject": before["subject"][0]}).equal(means[:1])
+
+
 def test_editing_moves_the_attribute_and_keeps_the_others(space, operators):
     sentences = recombined_sentences()[::31]
     means = space.encode(sentences)[0]
@@ -112,8 +163,11 @@ def test_an_operator_saves_and_loads_and_refuses_another_model(space, operators,
     assert sorted(loaded) == sorted(operators)
     latents = torch.randn(8, space.model.config.latent_size)
     for name, attribute in operators.items():
-        assert loaded[name].labels == attribute.labels
+        assert loaded[name].labels == attribute.labels and loaded[name].has_label_gaussians
         torch.testing.assert_close(loaded[name](latents), attribute(latents))
+        torch.testing.assert_close(loaded[name].label_means, attribute.label_means, atol=0, rtol=0)
+        torch.testing.assert_close(loaded[name].label_scale, attribute.label_scale, atol=0, rtol=0)
+        assert not attribute.label_means.equal(torch.zeros_like(attribute.label_means))
     other = OptimusModel.from_pretrained(optimus_tiny_converted)
     with pytest.raises(ValueError, match="latent size|trained on another model"):
         load_latent_attributes(tmp_path, other)
@@ -122,6 +176,27 @@ def test_an_operator_saves_and_loads_and_refuses_another_model(space, operators,
     shifted.save(tmp_path / ATTRIBUTES_FOLDER / "subject")
     with pytest.raises(ValueError, match="'subject' .* was trained on another model"):
         load_latent_attributes(tmp_path, space.model)
+
+
+def test_an_operator_of_format_1_loads_for_the_flow_only(space, operators, tmp_path):
+    from bad_input_optimus import as_format_1
+
+    operators["subject"].save(tmp_path / ATTRIBUTES_FOLDER / "subject")
+    as_format_1(tmp_path / ATTRIBUTES_FOLDER / "subject")
+    loaded = load_latent_attributes(tmp_path, space.model)["subject"]
+    assert not loaded.has_label_gaussians
+    latents = torch.randn(8, space.model.config.latent_size)
+    torch.testing.assert_close(loaded(latents), operators["subject"](latents))
+    generator = torch.Generator().manual_seed(0)
+    assert guided_latents({"subject": loaded}, {"subject": SUBJECTS[0]}, 2, len(latents[0]), generator,
+                          steps=4).shape == (2, len(latents[0]))
+    with pytest.raises(ValueError, match="'subject' was saved before label Gaussians existed"):
+        guided_latents({"subject": loaded}, {"subject": SUBJECTS[0]}, 2, len(latents[0]), method="gaussian")
+    with pytest.raises(ValueError, match="newer than this hf-ext reads"):
+        (tmp_path / ATTRIBUTES_FOLDER / "subject" / "attribute.json").write_text(
+            '{"format_version": 3, "name": "subject", "labels": ["a", "b"], "latent_size": 16, "hidden_size": 64, '
+            '"model_fingerprint": ""}')
+        LatentAttribute.load(tmp_path / ATTRIBUTES_FOLDER / "subject")
 
 
 def test_requests_are_checked(operators):
@@ -134,6 +209,8 @@ def test_requests_are_checked(operators):
                              ({"subject": "a dog"}, "has no label 'a dog'")):
         with pytest.raises(ValueError, match=message):
             guided_latents(operators, request, 2, 5)
+    with pytest.raises(ValueError, match="unknown method 'magic'; the methods are: gaussian, flow"):
+        guided_latents(operators, {"subject": "a man"}, 2, 5, method="magic")
 
 
 def test_the_commands_train_sample_and_edit(tiny_folder, tmp_path, capsys):
@@ -160,6 +237,21 @@ def test_the_commands_train_sample_and_edit(tiny_folder, tmp_path, capsys):
     assert main(["optimus", "attribute", "edit", str(folder), texts[0], "--attribute", "subject=a girl",
                  "--max-new-tokens", "8"]) == 0
     assert capsys.readouterr().out.splitlines() == [f"{texts[0]}\t->\t{space.edit(texts[0], {'subject': 'a girl'})[0]}"]
+    # --method picks the method (the tiny model decodes the two methods' latents differently)
+    by_method = {}
+    for method in ("gaussian", "flow"):
+        assert main(["optimus", "attribute", "sample", str(folder), "--attribute", "subject=a girl", "--num", "3",
+                     "--max-new-tokens", "8", "--method", method, "--flow-steps", "20"]) == 0
+        by_method[method] = capsys.readouterr().out.splitlines()
+        assert by_method[method] == space.guided_sample({"subject": "a girl"}, 3, method=method, steps=20,
+                                                        generator=torch.Generator().manual_seed(0))
+        assert main(["optimus", "attribute", "edit", str(folder), *texts[:4], "--attribute", "subject=a girl",
+                     "--max-new-tokens", "8", "--method", method, "--flow-steps", "20"]) == 0
+        by_method[f"edit {method}"] = capsys.readouterr().out.splitlines()
+        assert by_method[f"edit {method}"] == [f"{text}\t->\t{output}" for text, output in zip(
+            texts[:4], space.edit(texts[:4], {"subject": "a girl"}, method=method, steps=20), strict=True)]
+    assert by_method["gaussian"] == samples
+    assert by_method["gaussian"] != by_method["flow"] or by_method["edit gaussian"] != by_method["edit flow"]
 
 
 @pytest.fixture(scope="module")
@@ -179,11 +271,19 @@ def test_the_app_samples_and_edits_as_the_library(client, optimus_attribute_fold
 
     space = OptimusLatentSpace.from_pretrained(optimus_attribute_folder, max_new_tokens=MAX_NEW_TOKENS)
     request = {"subject": "a girl", "activity": "reading a book"}
-    assert client.predict("subject=a girl; activity=reading a book", 3, 5, api_name="/guided_sample") == \
-        space.guided_sample(request, 3, operators=operators, generator=torch.Generator().manual_seed(5))
-    assert client.predict("a man is reading a book at home .", "subject=a girl", api_name="/edit") == \
-        space.edit("a man is reading a book at home .", {"subject": "a girl"}, operators=operators)[0]
+    for method in ("gaussian", "flow"):
+        assert client.predict("subject=a girl; activity=reading a book", 3, 5, method, api_name="/guided_sample") == \
+            space.guided_sample(request, 3, operators=operators, generator=torch.Generator().manual_seed(5),
+                                method=method)
+        assert client.predict("a man is reading a book at home .", "subject=a girl", method, api_name="/edit") == \
+            space.edit("a man is reading a book at home .", {"subject": "a girl"}, operators=operators,
+                       method=method)[0]
+    # the method's default is the library's
+    assert client.predict("subject=a girl", 2, 1, api_name="/guided_sample") == \
+        space.guided_sample({"subject": "a girl"}, 2, operators=operators, generator=torch.Generator().manual_seed(1))
     for attributes, message in (("mood=happy", "unknown attribute"), ("subject=a dog", "has no label"),
                                 ("subject=a girl; subject=a boy", "contradictory request")):
         with pytest.raises(AppError, match=message):
             client.predict(attributes, 2, 0, api_name="/guided_sample")
+    with pytest.raises(AppError, match=r"'magic' .* is not in the list of choices: \['gaussian', 'flow'\]"):
+        client.predict("a man is reading a book at home .", "subject=a girl", "magic", api_name="/edit")

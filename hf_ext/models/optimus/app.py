@@ -14,6 +14,7 @@ import torch
 from ...errors import HfExtError
 from ...hub import model_name
 from ...serve import MAX_TEXT_CHARS, checked_float, checked_int, checked_text, user_errors
+from .attributes import DEFAULT_METHOD, METHODS
 from .latent_space import OptimusLatentSpace
 from .loading import load_optimus
 from .samples import bundled_sentences
@@ -98,18 +99,28 @@ class OptimusApp:
         resolve_request(self.operators, request)
         return request
 
-    def guided_sample(self, attributes: str, count: float, seed: float) -> list[str]:
-        """Sentences with the requested attributes (`name=label; name=label`), greedy decoding."""
+    @staticmethod
+    def _method(method: str) -> str:
+        if method not in METHODS:
+            raise HfExtError(f"unknown method {method!r}; the methods are: {', '.join(METHODS)}")
+        return method
+
+    def guided_sample(self, attributes: str, count: float, seed: float, method: str = DEFAULT_METHOD) -> list[str]:
+        """Sentences with the requested attributes (`name=label; name=label`) by `method` (`gaussian` or `flow`),
+        greedy decoding."""
+        method = self._method(method)
         request = self._request(attributes)
         count = checked_int(count, "samples", 1, MAX_SAMPLES)
         generator = torch.Generator(device=self.space.model.device).manual_seed(checked_int(seed, "seed", 0,
                                                                                            2**31 - 1))
-        return self.space.guided_sample(request, count, operators=self.operators, generator=generator)
+        return self.space.guided_sample(request, count, operators=self.operators, generator=generator, method=method)
 
-    def edit(self, sentence: str, attributes: str) -> str:
-        """The sentence moved to the requested attributes, the operators' other attributes kept, greedy decoding."""
+    def edit(self, sentence: str, attributes: str, method: str = DEFAULT_METHOD) -> str:
+        """The sentence moved to the requested attributes by `method`, the operators' other attributes kept, greedy
+        decoding."""
         text = checked_text(sentence, "the sentence")
-        return self.space.edit([text], self._request(attributes), operators=self.operators)[0]
+        method = self._method(method)
+        return self.space.edit([text], self._request(attributes), operators=self.operators, method=method)[0]
 
     def remember(self, sentences: list[str] | None, *texts: str | None) -> list[str]:
         """The session's sentences with `texts` added (those not empty, too long, or there already), latest last."""
@@ -210,6 +221,8 @@ def build_app(source: str, trust_remote_code: bool = False, model_kwargs: dict[s
                 "; ".join(f"`{name}`: {', '.join(operator.labels)}" for name, operator in operators.items())
                 if operators else missing) + ". Request attributes as `name=label; name=label`; decoding is greedy.")
             attributes = gr.Textbox(label="attributes", elem_id="attributes", **text)
+            method = gr.Radio(list(METHODS), value=DEFAULT_METHOD, label="method (gaussian: the labels' Gaussians "
+                              "and the latent arithmetic of their means; flow: LatentOps' ODE on the classifiers)")
             with gr.Row():
                 guided_count = gr.Slider(1, MAX_SAMPLES, value=5, step=1, label="samples")
                 guided_seed = gr.Number(0, precision=0, minimum=0, label="seed")
@@ -236,7 +249,9 @@ def build_app(source: str, trust_remote_code: bool = False, model_kwargs: dict[s
             draw, [sentences, start, end, steps], latent_map, api_visibility="private")
         sample_button.click(user_errors(app.sample), [count, temperature, *decoding_options], samples,
                             api_name="sample")
-        guided_button.click(user_errors(app.guided_sample), [attributes, guided_count, guided_seed], guided_samples,
+        guided_button.click(user_errors(app.guided_sample), [attributes, guided_count, guided_seed, method],
+                            guided_samples,
                             api_name="guided_sample")
-        edit_button.click(user_errors(app.edit), [edited_sentence, attributes], edited, api_name="edit")
+        edit_button.click(user_errors(app.edit), [edited_sentence, attributes, method], edited,
+                          api_name="edit")
     return blocks

@@ -11,7 +11,15 @@ import torch
 from ...arguments import positive_float, positive_int, sentence
 from ...cli_utils import add_device_arguments, add_model_argument, model_loading_settings
 from ...errors import HfExtError, require
-from .attributes import ATTRIBUTES_FOLDER, FLOW_STEPS, NAME_PATTERN, TRAINING_STEPS
+from .attributes import (
+    ATTRIBUTES_FOLDER,
+    DEFAULT_METHOD,
+    FLOW_STEPS,
+    GAUSSIAN_TEMPERATURE,
+    METHODS,
+    NAME_PATTERN,
+    TRAINING_STEPS,
+)
 from .loading import load_optimus
 
 
@@ -44,18 +52,23 @@ def register_attribute_commands(tools: argparse._SubParsersAction) -> None:
                             help="a requested attribute label (repeat for several)")
         parser.add_argument("--operators", help=f"folder or Hub repo id holding {ATTRIBUTES_FOLDER}/ "
                             "(default: the model's own)")
+        parser.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
+                            help="gaussian: the labels' Gaussians (sampling) and their means' difference (editing); "
+                            f"flow: LatentOps' ODE on the classifiers (default {DEFAULT_METHOD})")
         parser.add_argument("--flow-steps", type=positive_int, default=FLOW_STEPS,
-                            help=f"steps of the ODE (default {FLOW_STEPS})")
+                            help=f"steps of the ODE of --method flow (default {FLOW_STEPS})")
         parser.add_argument("--strength", type=positive_float, default=1.0,
-                            help="weight of the attributes' energy (default 1.0)")
+                            help="weight of the attributes' energy in --method flow (default 1.0)")
         parser.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens to generate (default 32)")
         parser.set_defaults(handler=handler)
         return parser
 
-    parser = flow_tool("sample", "decode latents drawn with the requested attributes (LatentOps' ODE sampler)",
-                       _sample)
+    parser = flow_tool("sample", "decode latents drawn with the requested attributes", _sample)
     parser.add_argument("--num", type=positive_int, default=5, help="how many sentences (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--temperature", type=positive_float, default=GAUSSIAN_TEMPERATURE,
+                        help="share of the label Gaussian's spread in --method gaussian "
+                        f"(default {GAUSSIAN_TEMPERATURE})")
     flow_tool("edit", "move sentences' latents to the requested attributes, keeping the other operators' "
               "attributes, and decode them", _edit).add_argument("texts", nargs="+", type=sentence,
                                                                  help="sentences")
@@ -106,6 +119,9 @@ def _operators_and_request(args):
         model, processor = load_optimus(args.model, args.trust_remote_code, **model_loading_settings(args))
         operators = load_latent_attributes(args.operators or args.model, model)
         resolve_request(operators, request)
+        if args.method == "gaussian":
+            for operator in operators.values():
+                operator.require_label_gaussians()
     except ValueError as error:
         raise HfExtError(str(error)) from None
     return model, processor, operators, request
@@ -125,13 +141,15 @@ def _sample(args):
     space = _space(args, model, processor)
     generator = torch.Generator(device=model.device).manual_seed(args.seed)
     for text in space.guided_sample(request, args.num, operators=operators, generator=generator,
-                                    steps=args.flow_steps, strength=args.strength):
+                                    steps=args.flow_steps, strength=args.strength, method=args.method,
+                                    temperature=args.temperature):
         print(text)
 
 
 def _edit(args):
     model, processor, operators, request = _operators_and_request(args)
     space = _space(args, model, processor)
-    edited = space.edit(args.texts, request, operators=operators, steps=args.flow_steps, strength=args.strength)
+    edited = space.edit(args.texts, request, operators=operators, steps=args.flow_steps, strength=args.strength,
+                        method=args.method)
     for text, output in zip(args.texts, edited, strict=True):
         print(f"{text}\t->\t{output}")

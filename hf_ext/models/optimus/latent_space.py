@@ -104,24 +104,36 @@ class OptimusLatentSpace:
 
     def guided_sample(self, attributes: dict[str, str], num_samples: int, operators: dict | None = None,
                       generator: torch.Generator | None = None, steps: int | None = None, strength: float = 1.0,
-                      **generation_kwargs: Any) -> list[str]:
+                      method: str | None = None, temperature: float | None = None, **generation_kwargs: Any,
+                      ) -> list[str]:
         """Decode latents drawn from p(z | attributes) (`attributes`: `{name: label}` of the operators, by
-        default those stored in the model's folder), LatentOps' ODE sampler."""
-        from .attributes import FLOW_STEPS, guided_latents
+        default those stored in the model's folder); `method`: `gaussian` (the default; draws from the labels'
+        Gaussians, `temperature` the share of their spread) or `flow` (LatentOps' ODE sampler, `steps` and
+        `strength` its settings)."""
+        from .attributes import DEFAULT_METHOD, FLOW_STEPS, GAUSSIAN_TEMPERATURE, check_method, guided_latents
 
+        check_method(method or DEFAULT_METHOD)
         operators = self.latent_attributes() if operators is None else operators
         latents = guided_latents(operators, attributes, num_samples, self.model.config.latent_size, generator,
-                                 steps or FLOW_STEPS, strength, self.model.device)
+                                 steps or FLOW_STEPS, strength, self.model.device, method or DEFAULT_METHOD,
+                                 GAUSSIAN_TEMPERATURE if temperature is None else temperature)
         return self.decode(latents.to(self.model.dtype), **generation_kwargs)
 
     def edit(self, texts: str | Iterable[str], attributes: dict[str, str], operators: dict | None = None,
-             steps: int | None = None, strength: float = 1.0, **generation_kwargs: Any) -> list[str]:
-        """Move each text's posterior mean to the requested attribute labels, the other operators' attributes held
-        as they are, and decode it."""
-        from .attributes import FLOW_STEPS, edited_latents
+             steps: int | None = None, strength: float = 1.0, method: str | None = None, keep_others: bool = False,
+             **generation_kwargs: Any) -> list[str]:
+        """Move each text's posterior mean to the requested attribute labels and decode it; `method`: `gaussian`
+        (the default; the latent arithmetic of label means; with `keep_others`, not along the other
+        operators' label means) or `flow` (LatentOps' ODE, the other operators' attributes held as they are)."""
+        from .attributes import DEFAULT_METHOD, FLOW_STEPS, arithmetic_edited_latents, check_method, edited_latents
 
+        method = method or DEFAULT_METHOD
+        check_method(method)
         operators = self.latent_attributes() if operators is None else operators
-        latents, _ = edited_latents(operators, self.encode(texts)[0], attributes, steps or FLOW_STEPS, strength)
+        if method == "gaussian":
+            latents = arithmetic_edited_latents(operators, self.encode(texts)[0], attributes, keep_others)
+        else:
+            latents, _ = edited_latents(operators, self.encode(texts)[0], attributes, steps or FLOW_STEPS, strength)
         return self.decode(latents.to(self.model.dtype), **generation_kwargs)
 
 
