@@ -170,6 +170,17 @@ def cli_exit_code(argv: list) -> int:
         return usage_error.code
 
 
+def cli_output(capsys, *argv) -> str:
+    """`hf-ext ARGV` run in-process, which must succeed (its stderr is the failure's message): its stdout."""
+    from hf_ext.cli import main
+
+    capsys.readouterr()
+    code = main([str(argument) for argument in argv])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
 def require_extra(extra: str, *modules: str) -> None:
     """At the top of a test module for an optional extra (`hf_ext.extras.install_command(EXTRA)` installs it), or
     in a test or fixture: a dependency that is missing when one of `modules` cannot be imported (see

@@ -10,6 +10,7 @@ import re
 
 import pytest
 import torch
+from conftest import cli_output
 
 from hf_ext import arguments
 from hf_ext.cli import build_parser, main
@@ -168,14 +169,6 @@ def test_the_latent_space_decodes_latents_of_another_dtype(optimus_sample_folder
 
 # ----- every command with --device cpu and a dtype --------------------------------------------------------------
 
-def run(capsys, *argv):
-    capsys.readouterr()
-    code = main([str(argument) for argument in argv])
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    return out
-
-
 OPTIMUS_TOOLS = {
     "encode": ["a dog runs .", "the cat sleeps ."],
     "reconstruct": ["a dog runs ."],
@@ -189,13 +182,13 @@ OPTIMUS_TOOLS = {
 @pytest.mark.parametrize("tool", OPTIMUS_TOOLS)
 def test_optimus_latent_space_tools_on_cpu(tool, optimus_sample_folder, capsys):
     argv = ["optimus", tool, optimus_sample_folder, *OPTIMUS_TOOLS[tool], "--max-new-tokens", "6"]
-    default = run(capsys, *argv)
-    assert run(capsys, *argv, "--device", "cpu", "--dtype", "float32") == default
-    assert run(capsys, *argv, "--dtype", "auto") == default  # the folder is float32
-    half = run(capsys, *argv, "--device", "cpu", "--dtype", "bfloat16")
+    default = cli_output(capsys, *argv)
+    assert cli_output(capsys, *argv, "--device", "cpu", "--dtype", "float32") == default
+    assert cli_output(capsys, *argv, "--dtype", "auto") == default  # the folder is float32
+    half = cli_output(capsys, *argv, "--device", "cpu", "--dtype", "bfloat16")
     assert len(half.splitlines()) == len(default.splitlines())
     if tool == "encode":  # float16 runs on the CPU too
-        for reduced in (half, run(capsys, *argv, "--device", "cpu", "--dtype", "float16")):
+        for reduced in (half, cli_output(capsys, *argv, "--device", "cpu", "--dtype", "float16")):
             for row, half_row in zip(map(json.loads, default.splitlines()), map(json.loads, reduced.splitlines()),
                                      strict=True):
                 for key in ("mean", "logvar"):
@@ -208,9 +201,9 @@ def test_optimus_evaluate_on_cpu(optimus_sample_folder, tmp_path, capsys):
     (tmp_path / "eval.txt").write_text("a dog runs .\nthe cat sleeps .\na man walks .\n")
     argv = ["optimus", "evaluate", optimus_sample_folder, "--eval-file", tmp_path / "eval.txt", "--num-samples", "4",
             "--samples-per-pass", "2"]
-    default = json.loads(run(capsys, *argv))
-    assert json.loads(run(capsys, *argv, "--device", "cpu", "--dtype", "float32")) == default
-    half = json.loads(run(capsys, *argv, "--device", "cpu", "--dtype", "bfloat16"))
+    default = json.loads(cli_output(capsys, *argv))
+    assert json.loads(cli_output(capsys, *argv, "--device", "cpu", "--dtype", "float32")) == default
+    half = json.loads(cli_output(capsys, *argv, "--device", "cpu", "--dtype", "bfloat16"))
     assert set(half) == set(default)
     for name in ("nll", "neg_elbo", "kl"):
         assert half[name] == pytest.approx(default[name], rel=0.05), name
@@ -219,10 +212,10 @@ def test_optimus_evaluate_on_cpu(optimus_sample_folder, tmp_path, capsys):
 @pytest.mark.slow
 def test_halting_map_on_cpu(algorithmic_seq2seq_folder, tmp_path, capsys):
     argv = ["universal-transformer", "halting-map", algorithmic_seq2seq_folder, "12345"]
-    default = json.loads(run(capsys, *argv, tmp_path / "a.png"))
-    same = json.loads(run(capsys, *argv, tmp_path / "b.png", "--device", "cpu", "--dtype", "float32"))
+    default = json.loads(cli_output(capsys, *argv, tmp_path / "a.png"))
+    same = json.loads(cli_output(capsys, *argv, tmp_path / "b.png", "--device", "cpu", "--dtype", "float32"))
     assert same["rows"] == default["rows"]
-    half = json.loads(run(capsys, *argv, tmp_path / "c.png", "--device", "cpu", "--dtype", "bfloat16"))
+    half = json.loads(cli_output(capsys, *argv, tmp_path / "c.png", "--device", "cpu", "--dtype", "bfloat16"))
     assert [row["side"] for row in half["rows"]] == [row["side"] for row in default["rows"]]
     encoder, half_encoder = default["rows"][0], half["rows"][0]  # the decoder's greedy output may differ
     assert half_encoder["tokens"] == encoder["tokens"]
@@ -276,7 +269,7 @@ def test_optimus_train_in_bfloat16_on_cpu(optimus_sample_folder, tmp_path, capsy
     losses = {}
     for dtype in ("float32", "bfloat16"):
         out = tmp_path / dtype
-        summary = json.loads(run(capsys, "optimus", "train", optimus_sample_folder, "--train-file",
+        summary = json.loads(cli_output(capsys, "optimus", "train", optimus_sample_folder, "--train-file",
                                  tmp_path / "train.txt", "--output-dir", out, "--max-steps", "2", "--batch-size", "2",
                                  "--logging-steps", "1", "--device", "cpu", "--dtype", dtype))
         assert summary["steps"] == 2 and saved_dtype(out) == {"F32"}
@@ -288,7 +281,8 @@ def test_optimus_train_in_bfloat16_on_cpu(optimus_sample_folder, tmp_path, capsy
 @pytest.mark.slow
 def test_universal_transformer_train_algorithmic_in_bfloat16_on_cpu(tmp_path, capsys):
     out = tmp_path / "ut"
-    summary = json.loads(run(capsys, "universal-transformer", "train-algorithmic", "--task", "copy", "--output-dir",
+    summary = json.loads(cli_output(capsys, "universal-transformer", "train-algorithmic", "--task", "copy",
+                                    "--output-dir",
                              out, "--train-length", "3", "--test-length", "4", "--num-train", "16", "--num-test", "4",
                              "--max-steps", "2", "--batch-size", "4", "--hidden-size", "16", "--num-heads", "2",
                              "--intermediate-size", "16", "--act-max-steps", "2", "--device", "cpu", "--dtype",
@@ -311,10 +305,10 @@ def test_mtdnn_train_and_distill_in_bfloat16_on_cpu(tmp_path, capsys, fixtures_d
                ).save_pretrained(tmp_path / "model")
     data = ["--train", f"mnli={tiny / 'data' / 'mnli_dev.json'}", "--max-steps", "2", "--batch-size", "2",
             "--device", "cpu", "--dtype", "bfloat16"]
-    summary = json.loads(run(capsys, "mtdnn", "train", tmp_path / "model", *data, "--output-dir",
+    summary = json.loads(cli_output(capsys, "mtdnn", "train", tmp_path / "model", *data, "--output-dir",
                              tmp_path / "trained"))
     assert summary["steps"] == 2 and saved_dtype(tmp_path / "trained") == {"F32"}
-    summary = json.loads(run(capsys, "mtdnn", "distill", tmp_path / "model", "--teacher", tmp_path / "trained",
+    summary = json.loads(cli_output(capsys, "mtdnn", "distill", tmp_path / "model", "--teacher", tmp_path / "trained",
                              *data, "--output-dir", tmp_path / "student"))
     assert summary["steps"] == 2 and saved_dtype(tmp_path / "student") == {"F32"}
 
@@ -326,12 +320,12 @@ def test_ernie2_pretrain_and_finetune_in_bfloat16_on_cpu(ernie_converted_folder,
                                        "It stopped by the door.\n")
     (tmp_path / "stages.yml").write_text("stages:\n  - steps: {knowledge_masking: 2}\n")
     device = ["--device", "cpu", "--dtype", "bfloat16", "--batch-size", "2"]
-    summary = json.loads(run(capsys, "ernie2", "pretrain", ernie_converted_folder, "--documents",
+    summary = json.loads(cli_output(capsys, "ernie2", "pretrain", ernie_converted_folder, "--documents",
                              tmp_path / "docs.txt", "--stages", tmp_path / "stages.yml", "--output-dir",
                              tmp_path / "run", "--max-length", "32", *device))
     assert summary["step"] == 2 and saved_dtype(tmp_path / "run" / "ernie") == {"F32"}
     glue = repo_root / GLUE / "MRPC"
-    summary = json.loads(run(capsys, "ernie2", "finetune", tmp_path / "run" / "ernie", "--task", "MRPC",
+    summary = json.loads(cli_output(capsys, "ernie2", "finetune", tmp_path / "run" / "ernie", "--task", "MRPC",
                              "--train-file", glue / "train.tsv", "--eval-file", glue / "dev.tsv", "--output-dir",
                              tmp_path / "mrpc", "--max-steps", "2", *device))
     assert 0 <= summary["eval_accuracy"] <= 1 and saved_dtype(tmp_path / "mrpc") == {"F32"}
@@ -339,6 +333,6 @@ def test_ernie2_pretrain_and_finetune_in_bfloat16_on_cpu(ernie_converted_folder,
 
 @pytest.mark.slow
 def test_demo_in_bfloat16_on_cpu(tmp_path, capsys):
-    out = run(capsys, "demo", "--workdir", tmp_path / "demo", "--max-steps", "2", "--device", "cpu", "--dtype",
+    out = cli_output(capsys, "demo", "--workdir", tmp_path / "demo", "--max-steps", "2", "--device", "cpu", "--dtype",
               "bfloat16")
     assert "5. reconstructions" in out and saved_dtype(tmp_path / "demo" / "finetuned") == {"F32"}

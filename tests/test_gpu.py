@@ -7,24 +7,18 @@ import json
 
 import pytest
 import torch
+from conftest import cli_output
 
 from hf_ext.cli import main
 
 pytestmark = pytest.mark.gpu
 
 
-def run(capsys, *argv):
-    capsys.readouterr()
-    code = main([str(argument) for argument in argv])
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    return out
-
-
 def test_optimus_encode_on_cuda_in_bfloat16_is_close_to_cpu_float32(optimus_sample_folder, capsys):
     argv = ["optimus", "encode", optimus_sample_folder, "a dog runs .", "the cat sleeps ."]
-    cpu = [json.loads(line) for line in run(capsys, *argv, "--device", "cpu").splitlines()]
-    gpu = [json.loads(line) for line in run(capsys, *argv, "--device", "cuda", "--dtype", "bfloat16").splitlines()]
+    cpu = [json.loads(line) for line in cli_output(capsys, *argv, "--device", "cpu").splitlines()]
+    gpu = [json.loads(line)
+           for line in cli_output(capsys, *argv, "--device", "cuda", "--dtype", "bfloat16").splitlines()]
     for row, gpu_row in zip(cpu, gpu, strict=True):
         for key in ("mean", "logvar"):
             torch.testing.assert_close(torch.tensor(gpu_row[key]), torch.tensor(row[key]), atol=0.05, rtol=0.02)
@@ -35,7 +29,7 @@ def test_optimus_text_commands_on_cuda_give_the_cpu_tokens(optimus_sample_folder
     for tool, extra in (("reconstruct", ["a dog runs .", "the cat sleeps ."]), ("sample", ["--num", "4"]),
                         ("interpolate", ["a dog runs .", "the cat sleeps .", "--steps", "3"])):
         argv = ["optimus", tool, optimus_sample_folder, *extra, "--max-new-tokens", "8"]
-        assert run(capsys, *argv, "--device", "cuda") == run(capsys, *argv, "--device", "cpu"), tool
+        assert cli_output(capsys, *argv, "--device", "cuda") == cli_output(capsys, *argv, "--device", "cpu"), tool
 
 
 def test_generation_and_sampling_with_the_python_api_on_cuda(optimus_sample_folder):
@@ -61,8 +55,8 @@ def test_generation_and_sampling_with_the_python_api_on_cuda(optimus_sample_fold
 
 def test_halting_map_on_cuda_equals_cpu(algorithmic_seq2seq_folder, tmp_path, capsys):
     argv = ["universal-transformer", "halting-map", algorithmic_seq2seq_folder, "12345"]
-    cpu = json.loads(run(capsys, *argv, tmp_path / "cpu.png", "--device", "cpu"))["rows"]
-    gpu = json.loads(run(capsys, *argv, tmp_path / "gpu.png", "--device", "cuda"))["rows"]
+    cpu = json.loads(cli_output(capsys, *argv, tmp_path / "cpu.png", "--device", "cpu"))["rows"]
+    gpu = json.loads(cli_output(capsys, *argv, tmp_path / "gpu.png", "--device", "cuda"))["rows"]
     assert [row["tokens"] for row in gpu] == [row["tokens"] for row in cpu]
     for row, gpu_row in zip(cpu, gpu, strict=True):
         assert gpu_row["ponder_time"] == pytest.approx(row["ponder_time"], abs=1e-4)
@@ -71,20 +65,22 @@ def test_halting_map_on_cuda_equals_cpu(algorithmic_seq2seq_folder, tmp_path, ca
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_optimus_train_on_cuda_in_mixed_precision(optimus_sample_folder, tmp_path, capsys, dtype):
     (tmp_path / "train.txt").write_text("a dog runs .\nthe cat sleeps .\na man walks .\na woman reads .\n")
-    summary = json.loads(run(capsys, "optimus", "train", optimus_sample_folder, "--train-file", tmp_path / "train.txt",
+    summary = json.loads(cli_output(capsys, "optimus", "train", optimus_sample_folder, "--train-file",
+                                    tmp_path / "train.txt",
                              "--output-dir", tmp_path / "out", "--max-steps", "2", "--batch-size", "2",
                              "--device", "cuda", "--dtype", dtype))
     assert summary["steps"] == 2 and summary["train_loss"] > 0
 
 
 def test_the_demo_trains_and_queries_its_model_on_cuda(tmp_path, capsys):
-    out = run(capsys, "demo", "--workdir", tmp_path / "demo", "--max-steps", "2", "--device", "cuda", "--dtype",
+    out = cli_output(capsys, "demo", "--workdir", tmp_path / "demo", "--max-steps", "2", "--device", "cuda", "--dtype",
               "bfloat16")
     assert "5. reconstructions" in out and (tmp_path / "demo" / "demo.json").is_file()
 
 
 def test_universal_transformer_trains_on_cuda_in_bfloat16(tmp_path, capsys):
-    summary = json.loads(run(capsys, "universal-transformer", "train-algorithmic", "--task", "copy", "--output-dir",
+    summary = json.loads(cli_output(capsys, "universal-transformer", "train-algorithmic", "--task", "copy",
+                                    "--output-dir",
                              tmp_path / "ut", "--train-length", "3", "--test-length", "4", "--num-train", "16",
                              "--num-test", "4", "--max-steps", "2", "--batch-size", "4", "--hidden-size", "16",
                              "--num-heads", "2", "--intermediate-size", "16", "--act-max-steps", "2",
