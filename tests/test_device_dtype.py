@@ -157,9 +157,9 @@ def test_latents_are_drawn_where_the_generator_is_and_made_in_the_models_dtype(o
     assert torch.equal(eps, model.sample_prior(2, torch.Generator().manual_seed(3)).to(torch.bfloat16))
 
 
-def test_the_latent_space_decodes_latents_of_another_dtype(optimus_sample_folder):
-    """Latents made in float32 (guided sampling's flow, a user's own) decode on a bfloat16 model as their rounding
-    does."""
+def test_the_model_decodes_latents_of_another_dtype(optimus_sample_folder):
+    """Latents made in float32 (guided sampling's flow, a user's own) decode on a bfloat16 model (`generate`) as
+    their rounding does."""
     from hf_ext import OptimusLatentSpace
 
     space = OptimusLatentSpace.from_pretrained(str(optimus_sample_folder), dtype=torch.bfloat16, max_new_tokens=6)

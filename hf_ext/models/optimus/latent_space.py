@@ -63,8 +63,7 @@ class OptimusLatentSpace:
 
     @torch.no_grad()
     def decode(self, latent_z: torch.Tensor, **generation_kwargs: Any) -> list[str]:
-        """One text per latent row (latents of any device and float dtype: they are moved to the model's)."""
-        latent_z = latent_z.to(self.model.device, self.model.dtype)
+        """One text per latent row."""
         tokens = self.model.generate(latent_z=latent_z, **{**self.generation_kwargs, **generation_kwargs})
         return self.processor.batch_decode(tokens)
 

@@ -403,6 +403,8 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
         if latent_z is not None:
             if latent_z.size(0) != batch_size:
                 raise ValueError(f"latent_z has {latent_z.size(0)} rows but the decoder input has {batch_size}")
+            # a latent made elsewhere (float32 draws, another device) is read in the decoder's dtype and place
+            latent_z = latent_z.to(inputs_embeds.device, inputs_embeds.dtype)
             if config.latent_as_gpt_emb:
                 inputs_embeds = inputs_embeds + self.latent_to_embedding(latent_z).unsqueeze(1)
             if with_memory and (cache is None or cache.get_seq_length() == 0):
