@@ -13,9 +13,16 @@ each document with its own capitalised name, in 8 JSON-lines shards, at 1x and 1
     stage mixes them; one process, the cores the trainer uses) against examples per second that a training step
     of an ERNIE 2.0 base-size model (12 layers, width 768) consumes from already built batches: building must be at
     least 2x consumption, so that data is not the bottleneck. A tiny model's consumption is shown for comparison.
+(c) With `--larger-than-memory`: a corpus larger than the machine's physical memory (1.25x by default) is written,
+    and the peak resident memory of a streamed run of the 1x run's steps over it is measured against the same run
+    over the 1x corpus (target: within 5%). Reading such a corpus whole takes days on a CPU, so this run reads its
+    beginning, as a pre-training of `--max-steps` over a large corpus does: what it shows is that nothing loads,
+    scans or indexes the corpus before or while training. Its documents are blocks of the generated documents
+    written again under new names, so that the corpus is written at disk speed; it needs that much free disk.
 """
 
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -50,6 +57,34 @@ def write_corpus(folder: Path, documents: int, seed: int = 0) -> int:
     for file in files:
         file.close()
     return sum(path.stat().st_size for path in folder.iterdir())
+
+
+def write_large_corpus(folder: Path, target_bytes: int, block_documents: int = 20000, seed: int = 0) -> dict:
+    """At least `target_bytes` of documents in `SHARDS` shards: one block of generated documents, written again and
+    again with each copy's documents renamed (`Number<copy>x<document>`), so that every document is distinct."""
+    rng = random.Random(seed)
+    sentences = bundled_sentences()
+    lines = []
+    for number in range(block_documents):
+        name = f"{rng.choice(NAMES)} Number@COPY@x{number}"
+        paragraphs = [[f"{name} saw that {rng.choice(sentences)}", *rng.sample(sentences, 3)] for _ in range(3)]
+        lines.append(json.dumps({"paragraphs": paragraphs}) + "\n")
+    block = "".join(lines)
+    folder.mkdir(parents=True)
+    files = [(folder / f"shard-{i:02d}.jsonl").open("w", encoding="utf-8") for i in range(SHARDS)]
+    written = copies = 0
+    while written < target_bytes:
+        text = block.replace("@COPY@", str(copies))
+        files[copies % SHARDS].write(text)
+        written += len(text.encode("utf-8"))
+        copies += 1
+    for file in files:
+        file.close()
+    return {"documents": copies * block_documents, "bytes": sum(path.stat().st_size for path in folder.iterdir())}
+
+
+def physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def tokenizer_folder(folder: Path) -> Path:
@@ -146,6 +181,9 @@ def main(argv=None):
     parser.add_argument("--in-memory", action="store_true",
                         help="also measure the runs that read the corpus into memory first (for comparison)")
     parser.add_argument("--workdir", type=Path, help="where to write the corpora (default: a temporary folder)")
+    parser.add_argument("--larger-than-memory", type=float, nargs="?", const=1.25, metavar="TIMES",
+                        help="(c): also stream from a corpus TIMES the machine's physical memory (default 1.25; "
+                             "needs that much free disk in --workdir)")
     args = parser.parse_args(argv)
     repeats = setup(args, default_repeats=1)
     documents = 40 if args.quick else args.documents
@@ -196,6 +234,24 @@ def main(argv=None):
         report_ratio("(for comparison) examples built per second / examples the tiny model trains on per second",
                      built, tiny, higher_is_better=True)
         shutil.rmtree(Path(tmp) / "corpus-10x")
+        if args.larger_than_memory:
+            memory = physical_memory()
+            # quick: a token corpus, so that the path runs; the figure means nothing then
+            target = 2**20 if args.quick else int(args.larger_than_memory * memory)
+            large = Path(tmp) / "corpus-large"
+            started = time.perf_counter()
+            size = write_large_corpus(large, target, block_documents=100 if args.quick else 20000)
+            print(f"  corpus larger than memory: {size['bytes'] / 2**30:.1f} GiB, {size['documents']} documents, "
+                  f"physical memory {memory / 2**30:.1f} GiB; written in {time.perf_counter() - started:.0f} s")
+            record("larger_than_memory", {"physical_memory_bytes": memory, **size, "steps": sizes[1]["steps"]})
+            large_runs = measure_rounds(
+                {"streamed 1x": (*STREAMED, (Path(tmp) / "corpus-1x", tokenizer_dir, sizes[1]["steps"])),
+                 "streamed, corpus larger than memory": (*STREAMED, (large, tokenizer_dir, sizes[1]["steps"]))},
+                repeats, warmup=0, section="(c) the 1x run's steps over a corpus larger than memory")
+            report_ratio("(c) peak RSS of the streamed run, corpus larger than memory / 1x corpus, same steps",
+                         [run["peak"] for run in large_runs["streamed, corpus larger than memory"]],
+                         [run["peak"] for run in large_runs["streamed 1x"]], target=1.05)
+            shutil.rmtree(large)
     finish()
 
 
