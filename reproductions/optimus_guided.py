@@ -320,6 +320,13 @@ def claims(results: dict) -> list[tuple[str, object]]:
                   lambda seed: all(single(seed, name, "gaussian") > single(seed, name, "flow") for name in PARTS)))
     found.append(("gaussian edits succeed more often than flow edits",
                   lambda seed: seed["editing"]["gaussian"]["success"] > seed["editing"]["flow"]["success"]))
+    found.append((f"{CONDITIONAL} matches the place (which the frozen model's z carries least) more often than "
+                  "gaussian and flow",
+                  lambda seed: single(seed, "place", CONDITIONAL) > max(single(seed, "place", method)
+                                                                          for method in ("gaussian", "flow"))))
+    found.append((f"gaussian matches the subject and the activity more often than {CONDITIONAL}",
+                  lambda seed: all(single(seed, name, "gaussian") > single(seed, name, CONDITIONAL)
+                                   for name in ("subject", "activity"))))
     return found
 
 
@@ -361,7 +368,8 @@ def tables(results: dict) -> str:
     conditional = markdown_table(
         [f"fine-tuning of method {CONDITIONAL}", "labelled sentences", "steps", "learning rate", "seconds",
          "final training loss"],
-        [["the whole model, label embeddings added to z", first["conditional"]["sentences"],
+        [["the whole model, label embeddings added to z",
+          "-".join(str(int(f(values(results, lambda seed: seed["conditional"]["sentences"])))) for f in (min, max)),
           first["conditional"]["steps"], first["conditional"]["learning_rate"],
           cell(lambda seed: seed["conditional"]["training_seconds"], 0),
           cell(lambda seed: seed["conditional"]["train_loss"])]])

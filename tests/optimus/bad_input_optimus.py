@@ -367,8 +367,7 @@ def conditional_operator(tmp, folder, fingerprint=None):
     """A folder holding a label-conditional `subject` operator (labels "a man", "a woman"; untrained embeddings) for
     the model in `folder`."""
     from hf_ext.models.optimus import OptimusModel
-    from hf_ext.models.optimus.attributes import ATTRIBUTES_FOLDER, latent_fingerprint
-    from hf_ext.models.optimus.conditional import ConditionalAttribute
+    from hf_ext.models.optimus.attributes import ATTRIBUTES_FOLDER, ConditionalAttribute, latent_fingerprint
 
     model = OptimusModel.from_pretrained(folder)
     ConditionalAttribute("subject", ["a man", "a woman"], model.config.latent_size,

@@ -14,6 +14,7 @@ from ...errors import HfExtError, require
 from .attributes import (
     ATTRIBUTES_FOLDER,
     CONDITIONAL,
+    CONDITIONAL_TEMPERATURE,
     DEFAULT_METHOD,
     FLOW_STEPS,
     GAUSSIAN_TEMPERATURE,
@@ -22,7 +23,6 @@ from .attributes import (
     TRAINING_STEPS,
 )
 from .conditional import STEPS as CONDITIONAL_STEPS
-from .conditional import TEMPERATURE as CONDITIONAL_TEMPERATURE
 from .loading import load_optimus
 
 

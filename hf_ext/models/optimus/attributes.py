@@ -54,7 +54,6 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from .conditional import ConditionalAttribute
     from .modeling_optimus import OptimusModel
 
 ATTRIBUTES_FOLDER = "latent_attributes"
@@ -84,6 +83,10 @@ METHODS = ("gaussian", "flow", CONDITIONAL)  # of guided sampling and editing
 DEFAULT_METHOD = "gaussian"  # of the latent space, the commands and the app: measured better (docs/optimus.md)
 FORMAT_VERSION = 2  # of attribute.json: 1 (no version field) held the classifier only, 2 adds the label Gaussians
 LABEL_GAUSSIAN_KEYS = ("label_means", "label_scale")
+EMBEDDING_NAME = "label_embedding.safetensors"  # of a label-conditional operator
+NO_LABEL = -1  # of a sentence that has no label for an attribute (label-conditional training)
+# the spread of the `conditional` method's drawn z, a share of the fitted Gaussian's (1: the fit itself)
+CONDITIONAL_TEMPERATURE = 1.0
 
 
 class SentenceEncoder(Protocol):
@@ -197,7 +200,101 @@ class LatentAttribute(nn.Module):
         return attribute.eval()
 
 
-def load_operator(folder: Path) -> "LatentAttribute | ConditionalAttribute":
+class ConditionalAttribute(nn.Module):
+    """One attribute's label embeddings (`embedding`: [labels, latent], added to z before the decoder) for the model
+    they were fine-tuned with (`fingerprint`), and the Gaussian fit of that model's posterior means of the training
+    sentences that samples draw z from (`latent_mean`, `latent_scale` its covariance's Cholesky factor)."""
+
+    latent_mean: torch.Tensor
+    latent_scale: torch.Tensor
+
+    def __init__(self, name: str, labels: Sequence[str], latent_size: int, fingerprint: str = "") -> None:
+        super().__init__()
+        if not NAME_PATTERN.fullmatch(name):
+            raise ValueError(f"attribute name {name!r}: use letters, digits, '_' and '-' (a letter first, at most 64)")
+        if len(set(labels)) != len(labels) or len(labels) < 2:
+            raise ValueError(f"attribute {name!r} needs at least 2 different labels, got {list(labels)}")
+        self.name, self.labels, self.fingerprint, self.latent_size = name, list(labels), fingerprint, latent_size
+        self.embedding = nn.Embedding(len(labels), latent_size)  # N(0, 1) at first, as the original's
+        self.register_buffer("latent_mean", torch.zeros(latent_size))
+        self.register_buffer("latent_scale", torch.eye(latent_size))
+
+    def label_id(self, label: str) -> int:
+        if label not in self.labels:
+            raise ValueError(f"attribute {self.name!r} has no label {label!r}; its labels: "
+                             f"{', '.join(map(repr, self.labels))}")
+        return self.labels.index(label)
+
+    def save(self, folder: str | Path) -> Path:
+        """Write `folder/attribute.json` and `folder/label_embedding.safetensors`."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({key: value.detach().contiguous() for key, value in self.state_dict().items()},
+                  folder / EMBEDDING_NAME)
+        config = {"format_version": FORMAT_VERSION, "method": CONDITIONAL, "name": self.name, "labels": self.labels,
+                  "latent_size": self.latent_size, "model_fingerprint": self.fingerprint}
+        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path) -> "ConditionalAttribute":
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        try:
+            config = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))
+            version = int(config["format_version"])
+            if version > FORMAT_VERSION:
+                raise ValueError(f"format version {version} is newer than this hf-ext reads ({FORMAT_VERSION})")
+            attribute = cls(config["name"], config["labels"], int(config["latent_size"]), config["model_fingerprint"])
+            attribute.load_state_dict(load_file(folder / EMBEDDING_NAME))
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
+            raise ValueError(f"{folder} is not a readable label-conditional operator "
+                             f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})") from None
+        return attribute.eval()
+
+
+def label_offset(attributes: Sequence[ConditionalAttribute], label_ids: torch.Tensor) -> torch.Tensor:
+    """The sum of each row's label embeddings ([rows, latent]); `label_ids` [rows, attributes], `NO_LABEL` adding
+    nothing."""
+    offset = torch.zeros(len(label_ids), attributes[0].latent_size, device=label_ids.device)
+    for column, attribute in enumerate(attributes):
+        ids = label_ids[:, column]
+        offset = offset + attribute.embedding(ids.clamp(min=0)) * (ids != NO_LABEL)[:, None]
+    return offset
+
+
+def requested_offset(resolved: Sequence[tuple[ConditionalAttribute, int]], rows: int,
+                     device: torch.device | str) -> torch.Tensor:
+    """The requested labels' embeddings, summed, for `rows` latents."""
+    with torch.no_grad():
+        return label_offset([attribute for attribute, _ in resolved],
+                            torch.tensor([[label for _, label in resolved]] * rows, device=device))
+
+
+def conditional_latents(resolved: Sequence[tuple[ConditionalAttribute, int]], num_samples: int,
+                        generator: torch.Generator | None = None, device: torch.device | str = "cpu",
+                        temperature: float = CONDITIONAL_TEMPERATURE) -> torch.Tensor:
+    """Draws of z from the requested operators' Gaussian fit (averaged; `temperature` scales its spread) plus the
+    requested labels' embeddings: what the decoder reads to generate with those labels."""
+    operators = [attribute for attribute, _ in resolved]
+    mean = torch.stack([attribute.latent_mean for attribute in operators]).mean(0)
+    covariance = torch.stack([attribute.latent_scale @ attribute.latent_scale.T for attribute in operators]).mean(0)
+    noise = torch.randn((num_samples, len(mean)), generator=generator, device=device)
+    return mean + temperature * noise @ torch.linalg.cholesky(covariance).T + requested_offset(resolved, num_samples,
+                                                                                               device)
+
+
+def conditional_edited_latents(resolved: Sequence[tuple[ConditionalAttribute, int]],
+                               latent_z: torch.Tensor) -> torch.Tensor:
+    """Each sentence's z plus the target labels' embeddings (the original's transfer: the sentence's own label's
+    embedding, which its reconstruction would add, swapped for the target's)."""
+    return latent_z.float() + requested_offset(resolved, len(latent_z), latent_z.device)
+
+
+def load_operator(folder: Path) -> LatentAttribute | ConditionalAttribute:
     """The operator in `folder`, of the kind its `attribute.json` names (a classifier unless `"method":
     "conditional"`)."""
     try:
@@ -205,8 +302,6 @@ def load_operator(folder: Path) -> "LatentAttribute | ConditionalAttribute":
     except (OSError, ValueError, AttributeError):
         method = None  # LatentAttribute.load says what is wrong
     if method == CONDITIONAL:
-        from .conditional import ConditionalAttribute
-
         return ConditionalAttribute.load(folder)
     return LatentAttribute.load(folder)
 
@@ -225,7 +320,7 @@ def attributes_folder(source: str | Path) -> Path | None:
 
 
 def load_latent_attributes(source: str | Path, model: "OptimusModel",
-                           ) -> "dict[str, LatentAttribute | ConditionalAttribute]":
+                           ) -> dict[str, LatentAttribute | ConditionalAttribute]:
     """The operators stored in `source` (a model folder, a folder holding operators or a Hub repo id), by name:
     classifiers and label-conditional embeddings (`load_operator`); operators trained on another model (another
     latent size or fingerprint) are refused."""
@@ -449,20 +544,18 @@ def label_gaussian(resolved: Sequence[tuple[LatentAttribute, int]]) -> tuple[tor
     return mean.to(dtype), scale.to(dtype)
 
 
-def guided_latents(operators: Mapping[str, "LatentAttribute | ConditionalAttribute"], request: Mapping[str, str],
+def guided_latents(operators: Mapping[str, LatentAttribute | ConditionalAttribute], request: Mapping[str, str],
                    num_samples: int, latent_size: int, generator: torch.Generator | None = None,
                    steps: int = FLOW_STEPS, strength: float = 1.0, device: torch.device | str = "cpu",
                    method: str = "flow", temperature: float | None = None) -> torch.Tensor:
     """`num_samples` latents of p(z | request): with method `flow`, draws from p(z) carried by the flow; with
     `gaussian`, draws from the requested labels' Gaussian (`label_gaussian`), its spread scaled by `temperature`
     (default `GAUSSIAN_TEMPERATURE`); with `conditional`, draws of z plus the labels' embeddings
-    (`conditional.conditional_latents`, `temperature` its default `conditional.TEMPERATURE`)."""
+    (`conditional_latents`, `temperature` its default `CONDITIONAL_TEMPERATURE`)."""
     of_method = operators_of_method(operators, request, method)
     if method == CONDITIONAL:
-        from .conditional import TEMPERATURE, conditional_latents
-
         return conditional_latents(resolve_request(of_method, request), num_samples, generator, device,
-                                   TEMPERATURE if temperature is None else temperature)
+                                   CONDITIONAL_TEMPERATURE if temperature is None else temperature)
     resolved = resolve_request(of_method, request)
     temperature = GAUSSIAN_TEMPERATURE if temperature is None else temperature
     if method == "gaussian":
@@ -511,7 +604,8 @@ def edited_latents(operators: Mapping[str, LatentAttribute], latent_z: torch.Ten
     return attribute_flow(latent_z, terms, latent_base(operators.values())[1], steps, strength, keep_path)
 
 
-__all__ = ["ATTRIBUTES_FOLDER", "CONDITIONAL", "LatentAttribute", "attribute_flow", "edited_latents", "guided_latents",
+__all__ = ["ATTRIBUTES_FOLDER", "CONDITIONAL", "ConditionalAttribute", "LatentAttribute", "conditional_edited_latents",
+           "conditional_latents", "label_offset", "attribute_flow", "edited_latents", "guided_latents",
            "arithmetic_edited_latents", "check_method", "default_method", "fit_label_gaussians", "label_gaussian",
            "latent_fingerprint", "load_latent_attributes", "load_operator", "operators_of_method", "parse_request",
            "resolve_request", "train_latent_attribute", "DEFAULT_METHOD", "METHODS"]

@@ -24,10 +24,10 @@ summed (a sentence labelled for one attribute adds nothing for the others); samp
 the fine-tuned model's posterior means of the training sentences (the flow's p(z), for the reason `attributes`
 gives) instead. Like the original, the whole model trains, on the labelled sentences only (the other methods'
 budget); the fine-tuned model is a new model folder that holds its operators (`latent_attributes/NAME/`:
-`attribute.json` with `"method": "conditional"`, `label_embedding.safetensors`).
+`attribute.json` with `"method": "conditional"`, `label_embedding.safetensors`; the class, sampling and editing are
+in `attributes`, which loads every kind of operator).
 """
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from .attributes import CONFIG_NAME, FORMAT_VERSION, NAME_PATTERN, gaussian_scale, latent_fingerprint
+from .attributes import NO_LABEL, ConditionalAttribute, gaussian_scale, label_offset, latent_fingerprint
 
 if TYPE_CHECKING:
     from .latent_space import OptimusLatentSpace
@@ -43,112 +43,12 @@ if TYPE_CHECKING:
     from .processing_optimus import OptimusProcessor
     from .training import OptimusTrainer
 
-CONDITIONAL = "conditional"  # the method's name, and the `method` of its operators' attribute.json
-EMBEDDING_NAME = "label_embedding.safetensors"
-NO_LABEL = -1  # of a sentence that has no label for an attribute
 # the fine-tuning: the demo's batch, half its learning rate; on seed 0's demo model of
 # reproductions/optimus_guided.py, samples matched the requested place 0.38, 0.83, 0.88 after 300 steps at 2e-4, 600
 # and 1,500 at 1e-3 (the subject 0.31, 0.28, 0.29), edits succeeded 0.07, 0.12, 0.17
 STEPS = 600
 BATCH_SIZE = 16
 LEARNING_RATE = 1e-3
-# the spread of the drawn z, a share of the fitted Gaussian's (1: the fit itself)
-TEMPERATURE = 1.0
-
-
-class ConditionalAttribute(nn.Module):
-    """One attribute's label embeddings (`embedding`: [labels, latent], added to z before the decoder) for the model
-    they were fine-tuned with (`fingerprint`), and the Gaussian fit of that model's posterior means of the training
-    sentences that samples draw z from (`latent_mean`, `latent_scale` its covariance's Cholesky factor)."""
-
-    latent_mean: torch.Tensor
-    latent_scale: torch.Tensor
-    method = CONDITIONAL
-
-    def __init__(self, name: str, labels: Sequence[str], latent_size: int, fingerprint: str = "") -> None:
-        super().__init__()
-        if not NAME_PATTERN.fullmatch(name):
-            raise ValueError(f"attribute name {name!r}: use letters, digits, '_' and '-' (a letter first, at most 64)")
-        if len(set(labels)) != len(labels) or len(labels) < 2:
-            raise ValueError(f"attribute {name!r} needs at least 2 different labels, got {list(labels)}")
-        self.name, self.labels, self.fingerprint, self.latent_size = name, list(labels), fingerprint, latent_size
-        self.embedding = nn.Embedding(len(labels), latent_size)  # N(0, 1) at first, as the original's
-        self.register_buffer("latent_mean", torch.zeros(latent_size))
-        self.register_buffer("latent_scale", torch.eye(latent_size))
-
-    def label_id(self, label: str) -> int:
-        if label not in self.labels:
-            raise ValueError(f"attribute {self.name!r} has no label {label!r}; its labels: "
-                             f"{', '.join(map(repr, self.labels))}")
-        return self.labels.index(label)
-
-    def save(self, folder: str | Path) -> Path:
-        """Write `folder/attribute.json` and `folder/label_embedding.safetensors`."""
-        from safetensors.torch import save_file
-
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        save_file({key: value.detach().contiguous() for key, value in self.state_dict().items()},
-                  folder / EMBEDDING_NAME)
-        config = {"format_version": FORMAT_VERSION, "method": CONDITIONAL, "name": self.name, "labels": self.labels,
-                  "latent_size": self.latent_size, "model_fingerprint": self.fingerprint}
-        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        return folder
-
-    @classmethod
-    def load(cls, folder: str | Path) -> "ConditionalAttribute":
-        from safetensors.torch import load_file
-
-        folder = Path(folder)
-        try:
-            config = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))
-            version = int(config["format_version"])
-            if version > FORMAT_VERSION:
-                raise ValueError(f"format version {version} is newer than this hf-ext reads ({FORMAT_VERSION})")
-            attribute = cls(config["name"], config["labels"], int(config["latent_size"]), config["model_fingerprint"])
-            attribute.load_state_dict(load_file(folder / EMBEDDING_NAME))
-        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
-            raise ValueError(f"{folder} is not a readable label-conditional operator "
-                             f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})") from None
-        return attribute.eval()
-
-
-def label_offset(attributes: Sequence[ConditionalAttribute], label_ids: torch.Tensor) -> torch.Tensor:
-    """The sum of each row's label embeddings ([rows, latent]); `label_ids` [rows, attributes], `NO_LABEL` adding
-    nothing."""
-    offset = torch.zeros(len(label_ids), attributes[0].latent_size, device=label_ids.device)
-    for column, attribute in enumerate(attributes):
-        ids = label_ids[:, column]
-        offset = offset + attribute.embedding(ids.clamp(min=0)) * (ids != NO_LABEL)[:, None]
-    return offset
-
-
-def requested_offset(resolved: Sequence[tuple[ConditionalAttribute, int]], rows: int,
-                     device: torch.device | str) -> torch.Tensor:
-    """The requested labels' embeddings, summed, for `rows` latents."""
-    with torch.no_grad():
-        return label_offset([attribute for attribute, _ in resolved],
-                            torch.tensor([[label for _, label in resolved]] * rows, device=device))
-
-
-def conditional_latents(resolved: Sequence[tuple[ConditionalAttribute, int]], num_samples: int,
-                        generator: torch.Generator | None = None, device: torch.device | str = "cpu",
-                        temperature: float = TEMPERATURE) -> torch.Tensor:
-    """Draws of z from the requested operators' Gaussian fit (averaged; `temperature` scales its spread) plus the
-    requested labels' embeddings: what the decoder reads to generate with those labels."""
-    operators = [attribute for attribute, _ in resolved]
-    mean = torch.stack([attribute.latent_mean for attribute in operators]).mean(0)
-    covariance = torch.stack([attribute.latent_scale @ attribute.latent_scale.T for attribute in operators]).mean(0)
-    noise = torch.randn((num_samples, len(mean)), generator=generator, device=device)
-    return mean + temperature * noise @ torch.linalg.cholesky(covariance).T + requested_offset(resolved, num_samples,
-                                                                                               device)
-
-
-def conditional_edited_latents(resolved: Sequence[tuple[ConditionalAttribute, int]],
-                               latent_z: torch.Tensor) -> torch.Tensor:
-    """Each sentence's z plus the target labels' embeddings (the original's transfer: the sentence's own label's
-    embedding, which its reconstruction would add, swapped for the target's)."""
-    return latent_z.float() + requested_offset(resolved, len(latent_z), latent_z.device)
 
 
 class LabelConditionalOptimus(nn.Module):
@@ -265,5 +165,4 @@ class LabelledOptimusCollator:
                 "attribute_labels": torch.tensor([feature["attribute_labels"] for feature in features])}
 
 
-__all__ = ["CONDITIONAL", "ConditionalAttribute", "LabelConditionalOptimus", "conditional_edited_latents",
-           "conditional_latents", "label_offset", "train_label_conditional"]
+__all__ = ["LabelConditionalOptimus", "LabelledOptimusCollator", "labelled_rows", "train_label_conditional"]

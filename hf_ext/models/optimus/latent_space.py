@@ -134,6 +134,7 @@ class OptimusLatentSpace:
             FLOW_STEPS,
             arithmetic_edited_latents,
             check_method,
+            conditional_edited_latents,
             default_method,
             edited_latents,
             operators_of_method,
@@ -146,8 +147,6 @@ class OptimusLatentSpace:
         method = method or default_method(operators, attributes)
         operators = operators_of_method(operators, attributes, method)
         if method == CONDITIONAL:
-            from .conditional import conditional_edited_latents
-
             latents = conditional_edited_latents(resolve_request(operators, attributes), self.encode(texts)[0])
         elif method == "gaussian":
             latents = arithmetic_edited_latents(operators, self.encode(texts)[0], attributes, keep_others)

@@ -31,8 +31,6 @@ if TYPE_CHECKING:  # datasets and peft are imported only when used
     from datasets import Dataset, IterableDataset
     from peft import PeftModel
 
-    from .conditional import LabelConditionalOptimus
-
 logger = logging.get_logger(__name__)
 
 # Original training defaults (`run_lm_vae_training.py` argparse)
@@ -282,7 +280,7 @@ class OptimusTrainer(TermLoggingTrainer):
         return (outputs.loss, outputs) if return_outputs else outputs.loss
 
 
-def finetune_optimus(model: "OptimusModel | PeftModel | LabelConditionalOptimus", processor: OptimusProcessor,
+def finetune_optimus(model: "OptimusModel | PeftModel | torch.nn.Module", processor: OptimusProcessor,
                      dataset: "Dataset | IterableDataset",
                      output_dir: str | Path | None = None, max_steps: int | None = None, batch_size: int = 8,
                      learning_rate: float = 5e-5, n_cycles: int = 1, ratio_zero: float = DEFAULT_RATIO_ZERO,
@@ -292,8 +290,10 @@ def finetune_optimus(model: "OptimusModel | PeftModel | LabelConditionalOptimus"
                      save_steps: int | None = None, save_total_limit: int | None = 2, print_logs: bool = True,
                      args: TrainingArguments | None = None, data_collator: Any = None,
                      **training_kwargs: Any) -> "OptimusTrainer":
-    """Fine-tune `model` on the `text_column` of `dataset` with the original objective (cyclical KL schedule up to
-    `config.beta`, free bits, length weighting as configured); the trained model stays in memory. A
+    """Fine-tune `model` (an `OptimusModel`, a PEFT wrapper of one, or a module around one that exposes its `config`
+    and `beta`, as `conditional.LabelConditionalOptimus`) on the `text_column` of `dataset` with the original
+    objective (cyclical KL schedule up to `config.beta`, free bits, length weighting as configured); the trained
+    model stays in memory. A
     `datasets.IterableDataset` (`read_text_lines(..., streaming=True)`) is read while training, each process its
     own part, and its position is saved with every checkpoint (`hf_ext.streaming`).
 
