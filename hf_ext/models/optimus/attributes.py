@@ -38,9 +38,10 @@ other operators' label means (the directions their labels differ in), meant to k
 demo models it keeps them less often than the plain move, so it is off by default.
 
 A third method, `conditional`, is the Optimus paper's own label-conditional generation as its released code does it
-(`conditional`): not an operator on a frozen model's z but a fine-tuned model with a learned embedding per label added
-to z; its operators hold those embeddings (`attribute.json` says `"method": "conditional"`) and live in the fine-tuned
-model's folder. The loader reads both kinds; each method works with its own kind.
+(the fine-tuning is in `conditional`): not an operator on a frozen model's z but a fine-tuned model with a learned
+embedding per label added to z; its operators (`ConditionalAttribute`) hold those embeddings (`attribute.json` says
+`"method": "conditional"`) and live in the fine-tuned model's folder. The loader reads both kinds; each method works
+with its own kind.
 """
 
 import hashlib
