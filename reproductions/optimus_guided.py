@@ -2,7 +2,11 @@
 LatentOps, Liu et al., EMNLP 2023): attribute classifiers on the latent of a frozen model, trained from at most 20
 labelled sentences per class, steer an ODE sampler and an editor (`hf_ext.models.optimus.attributes`, method
 `flow`); beside them, on the same models and operators, the label Gaussians fitted to the same sentences (method
-`gaussian`: sampling from the requested labels' Gaussian, editing by the difference of label means).
+`gaussian`: sampling from the requested labels' Gaussian, editing by the difference of label means); and the Optimus
+paper's own label-conditional generation as its released code does it (method `conditional`,
+`hf_ext.models.optimus.conditional`): a copy of the model fine-tuned whole on the same labelled sentences with a
+learned embedding per label added to z, sampling a z plus the requested labels' embeddings, editing by adding the
+target's embedding to a sentence's z.
 
 Model: the demo's recipe and data (`hf_ext/models/optimus/demo.py`, with `optimus_decoders.py`'s GPT-2 set-up): the
 40 bundled sentences and 216 recombined from their parts (subject, activity, place), 5,000 steps. Attributes: the
@@ -19,7 +23,8 @@ sentences per label. Measured, per seed:
   `EDITS` random (recombined sentence, part, other label) requests: the share whose output has the target label and
   keeps the other two parts, and beside it the reconstruction's own share keeping each part (what the latent
   carries: an edit cannot keep what the model does not encode);
-- the latent map of seed 0: posterior means on a plane, the subject operator's regions and one edit's path.
+- the latent map of seed 0: posterior means on a plane, the subject operator's regions and one edit's path by the
+  flow and by the `gaussian` method (the `conditional` one edits in its own fine-tuned model's latent space).
 
     python reproductions/optimus_guided.py --jobs 2 --threads 1 \\
         --output reproductions/results/optimus_guided.json --plot docs/images/optimus_guided.png
@@ -28,6 +33,7 @@ sentences per label. Measured, per seed:
 DIR measures those models instead of training them again (the recipe and seed are the same; the results say so).
 """
 
+import copy
 import itertools
 import json
 import random
@@ -42,13 +48,18 @@ from optimus_decoders import build_processor, optimus_config
 
 from hf_ext.models.optimus import OptimusLatentSpace, OptimusModel, OptimusProcessor
 from hf_ext.models.optimus.attributes import (
+    CONDITIONAL,
     GAUSSIAN_TEMPERATURE,
     LABEL_SHRINKAGE,
     METHODS,
+    arithmetic_edited_latents,
     edited_latents,
     latent_base,
     train_latent_attribute,
 )
+from hf_ext.models.optimus.conditional import LEARNING_RATE as CONDITIONAL_LEARNING_RATE
+from hf_ext.models.optimus.conditional import STEPS as CONDITIONAL_STEPS
+from hf_ext.models.optimus.conditional import train_label_conditional
 from hf_ext.models.optimus.demo import (
     ACTIVITIES,
     BATCH_SIZE,
@@ -65,10 +76,11 @@ from hf_ext.models.optimus.demo import (
 from hf_ext.models.optimus.training import finetune_optimus
 from hf_ext.sample_text import bundled_sentences
 
-RESULT_KEYS = ["settings", "attributes", "pairs", "editing", "latent_map"]  # of each seed
+RESULT_KEYS = ["settings", "attributes", "conditional", "pairs", "editing", "latent_map"]  # of each seed
 
 PARTS = {"subject": SUBJECTS, "activity": ACTIVITIES, "place": PLACES}
 STEPS, QUICK_STEPS = 5000, 60
+QUICK_CONDITIONAL_STEPS = 20
 LABELS_PER_CLASS = 20
 SAMPLES_PER_LABEL, QUICK_SAMPLES_PER_LABEL = 20, 2
 PAIR_REQUESTS, QUICK_PAIR_REQUESTS = 12, 2  # label pairs of each two parts, SAMPLES_PER_PAIR samples each
@@ -79,7 +91,7 @@ MAP_PART = "subject"  # the operator whose regions the map shows
 MAP_GRID = 60  # points per side of the grid the regions are drawn from
 
 EDITORS = {"flow": {"method": "flow"}, "gaussian": {"method": "gaussian"},
-           "gaussian, keep_others": {"method": "gaussian", "keep_others": True}}
+           "gaussian, keep_others": {"method": "gaussian", "keep_others": True}, CONDITIONAL: {"method": CONDITIONAL}}
 GOALS = {"one attribute": 0.9, "two attributes": 0.8, "well-formed": 0.9, "editing": 0.8}
 
 
@@ -105,9 +117,10 @@ def matches(text: str, request: dict) -> bool:
     return all(sentence_parts(text).get(name) == label for name, label in request.items())
 
 
-def measure_sampling(space, operators, requests, samples, seed) -> dict:
-    """Guided samples of each request by each method (each from a generator of `seed`), and as many unguided draws
-    from the flow's starting distribution."""
+def measure_sampling(setups, requests, samples, seed) -> dict:
+    """Guided samples of each request by each method (`setups`: its space and operators; each from a generator of
+    `seed`), and as many unguided draws from the flow's starting distribution on the frozen model."""
+    space, operators = setups["flow"]
     mean, scale = latent_base(operators.values())
     generator = torch.Generator().manual_seed(seed)
     base_matched = sum(matches(text, request) for request in requests for text in
@@ -115,6 +128,7 @@ def measure_sampling(space, operators, requests, samples, seed) -> dict:
     total = len(requests) * samples
     measured = {"samples": total, "unguided_match": base_matched / total}
     for method in METHODS:
+        space, operators = setups[method]
         generator = torch.Generator().manual_seed(seed)
         matched = formed = 0
         outputs: list[str] = []
@@ -173,16 +187,21 @@ def trained_model(args, steps: int, scratch: Path) -> tuple[OptimusModel, Optimu
 
 
 def latent_map(space, operators, sentences, edit) -> dict:
-    """Posterior means on the plane of one edit's path (its first axis) and their principal axis orthogonal to it,
-    the `MAP_PART` operator's label on a grid of that plane, and the path."""
+    """Posterior means on the plane of one edit's flow path (its first axis) and their principal axis orthogonal to
+    it, the `MAP_PART` operator's label on a grid of that plane, the flow's path and the `gaussian` method's (the
+    straight move of its latent arithmetic, projected on the plane)."""
     from hf_ext.models.optimus.plots import project_to_plane
 
     source, request = edit
     means, _ = space.encode(sentences)
-    _, path = edited_latents(operators, space.encode([source])[0], request, keep_path=True)
+    start = space.encode([source])[0]
+    _, path = edited_latents(operators, start, request, keep_path=True)
     path_latents = torch.cat(path)
-    (points, path_points), _ = project_to_plane(means.numpy(), path_latents.numpy(),
-                                                first_axis=(path_latents[-1] - path_latents[0]).numpy())
+    end = arithmetic_edited_latents(operators, start, request)
+    gaussian_latents = start + torch.linspace(0, 1, 5)[:, None] * (end - start)
+    (points, path_points, gaussian_points), _ = project_to_plane(
+        means.numpy(), path_latents.numpy(), gaussian_latents.numpy(),
+        first_axis=(path_latents[-1] - path_latents[0]).numpy())
     # the plane's axes in latent space, to map grid points back: least squares through the projected means
     centre = means.mean(0)
     axes = torch.linalg.lstsq(torch.tensor(points, dtype=torch.float32), means - centre).solution
@@ -195,6 +214,7 @@ def latent_map(space, operators, sentences, edit) -> dict:
             "regions": regions.tolist(), "points": points.round(4).tolist(),
             "point_labels": [sentence_parts(text)[MAP_PART] for text in sentences],
             "path": path_points.round(4).tolist(), "path_texts": space.decode(path_latents[:: len(path) // 4]),
+            "gaussian_path": gaussian_points.round(4).tolist(), "gaussian_path_texts": space.decode(gaussian_latents),
             "source": source, "request": request}
 
 
@@ -211,13 +231,13 @@ def run(args) -> dict:
     means, _ = space.encode(recombined)
     reconstructions = space.decode(means)
 
-    operators, attributes = {}, {}
+    operators, attributes, labelled = {}, {}, {}
     for name, labels in PARTS.items():
         chosen = [text for label in labels for text in
                   rng.sample([text for text in recombined if sentence_parts(text)[name] == label], LABELS_PER_CLASS)]
+        labelled[name] = (chosen, [sentence_parts(text)[name] for text in chosen])
         started = time.perf_counter()
-        operators[name] = train_latent_attribute(space, chosen, [sentence_parts(text)[name] for text in chosen], name,
-                                                 seed=args.seed)
+        operators[name] = train_latent_attribute(space, *labelled[name], name, seed=args.seed)
         attributes[name] = {
             "training_seconds": round(time.perf_counter() - started, 2),
             "parameters": sum(p.numel() for p in operators[name].parameters()),
@@ -226,16 +246,33 @@ def run(args) -> dict:
             "reconstruction_keeps": sum(sentence_parts(output).get(name) == sentence_parts(text)[name]
                                         for output, text in zip(reconstructions, recombined, strict=True))
                                     / len(recombined)}
+    print(f"seed {args.seed}: fine-tuning a copy of the model with label embeddings (method {CONDITIONAL})",
+          flush=True)
+    conditional_steps = QUICK_CONDITIONAL_STEPS if quick else CONDITIONAL_STEPS
+    conditional_model = copy.deepcopy(model)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        conditional_operators, trainer = train_label_conditional(
+            conditional_model, processor, labelled, scratch, steps=conditional_steps, seed=args.seed,
+            logging_steps=max(1, conditional_steps // 10), disable_tqdm=True)
+    conditional_seconds = round(time.perf_counter() - started, 1)
+    conditional_space = OptimusLatentSpace(conditional_model, processor, max_new_tokens=MAX_NEW_TOKENS)
+    setups = {"gaussian": (space, operators), "flow": (space, operators),
+              CONDITIONAL: (conditional_space, conditional_operators)}
+    conditional = {"steps": conditional_steps, "learning_rate": CONDITIONAL_LEARNING_RATE,
+                   "training_seconds": conditional_seconds,
+                   "train_loss": [entry["train_loss"] for entry in trainer.state.log_history
+                                  if "train_loss" in entry][-1],
+                   "sentences": len({text for texts, _ in labelled.values() for text in texts})}
     for name, labels in PARTS.items():
         print(f"seed {args.seed}: guided sampling of the {name}", flush=True)
-        attributes[name].update(measure_sampling(space, operators, [{name: label} for label in labels], samples,
-                                                 args.seed))
+        attributes[name].update(measure_sampling(setups, [{name: label} for label in labels], samples, args.seed))
     pairs = {}
     for first, second in itertools.combinations(PARTS, 2):
         combinations = list(itertools.product(PARTS[first], PARTS[second]))
         requests = [{first: a, second: b} for a, b in
                     rng.sample(combinations, QUICK_PAIR_REQUESTS if quick else PAIR_REQUESTS)]
-        pairs[f"{first} + {second}"] = measure_sampling(space, operators, requests, SAMPLES_PER_PAIR, args.seed)
+        pairs[f"{first} + {second}"] = measure_sampling(setups, requests, SAMPLES_PER_PAIR, args.seed)
 
     print(f"seed {args.seed}: editing", flush=True)
     edits = []
@@ -244,13 +281,14 @@ def run(args) -> dict:
         name = rng.choice(list(PARTS))
         parts = sentence_parts(source)
         edits.append((source, {name: rng.choice([label for label in PARTS[name] if label != parts[name]])}))
-    editing = {editor: measure_editing(space, operators, edits, settings) for editor, settings in EDITORS.items()}
+    editing = {editor: measure_editing(*setups[settings["method"]], edits, settings)
+               for editor, settings in EDITORS.items()}
     map_source = recombined[0]
     return {"settings": {"steps": steps, "labels_per_class": LABELS_PER_CLASS, "samples_per_label": samples,
                          "samples_per_pair": SAMPLES_PER_PAIR, "training_seconds": training_seconds,
                          "model_trained_before": reused,
                          "gaussian_temperature": GAUSSIAN_TEMPERATURE, "label_shrinkage": LABEL_SHRINKAGE},
-            "attributes": attributes, "pairs": pairs, "editing": editing,
+            "attributes": attributes, "conditional": conditional, "pairs": pairs, "editing": editing,
             "latent_map": latent_map(space, operators, recombined, (map_source, {MAP_PART: SUBJECTS[1]}))}
 
 
@@ -282,6 +320,13 @@ def claims(results: dict) -> list[tuple[str, object]]:
                   lambda seed: all(single(seed, name, "gaussian") > single(seed, name, "flow") for name in PARTS)))
     found.append(("gaussian edits succeed more often than flow edits",
                   lambda seed: seed["editing"]["gaussian"]["success"] > seed["editing"]["flow"]["success"]))
+    found.append((f"{CONDITIONAL} matches the place (which the frozen model's z carries least) more often than "
+                  "gaussian and flow",
+                  lambda seed: single(seed, "place", CONDITIONAL) > max(single(seed, "place", method)
+                                                                          for method in ("gaussian", "flow"))))
+    found.append((f"gaussian matches the subject and the activity more often than {CONDITIONAL}",
+                  lambda seed: all(single(seed, name, "gaussian") > single(seed, name, CONDITIONAL)
+                                   for name in ("subject", "activity"))))
     return found
 
 
@@ -320,18 +365,27 @@ def tables(results: dict) -> str:
     editing = markdown_table([f"editing ({first['editing']['flow']['edits']} edits per seed)", "target reached, "
                               "other parts kept", "target reached", "other parts kept",
                               *(f"success, edits of the {name}" for name in PARTS)], edit_rows)
+    conditional = markdown_table(
+        [f"fine-tuning of method {CONDITIONAL}", "labelled sentences", "steps", "learning rate", "seconds",
+         "final training loss"],
+        [["the whole model, label embeddings added to z",
+          "-".join(str(int(f(values(results, lambda seed: seed["conditional"]["sentences"])))) for f in (min, max)),
+          first["conditional"]["steps"], first["conditional"]["learning_rate"],
+          cell(lambda seed: seed["conditional"]["training_seconds"], 0),
+          cell(lambda seed: seed["conditional"]["train_loss"])]])
     claim_rows = [[claim, holds(results, test)] for claim, test in claims(results)]
-    return "\n\n".join([operators, single, pairs, editing, markdown_table(["claim", "holds in (seeds)"], claim_rows)])
+    return "\n\n".join([operators, conditional, single, pairs, editing,
+                         markdown_table(["claim", "holds in (seeds)"], claim_rows)])
 
 
 def draw(pyplot, results: dict, path: Path) -> None:
     """Seed 0's latent map: the subject operator's regions, the posterior means coloured by their subject, one edit's
-    path."""
+    paths (the flow's and the gaussian method's)."""
     from hf_ext.models.optimus.plots import plot_attribute_map
 
     plot_attribute_map(results["per_seed"][0]["latent_map"], path,
                        title=f"Optimus latent space (seed {results['per_seed'][0]['seed']}): attribute regions and "
-                       "an edit")
+                       "an edit by two methods")
 
 
 def parser():

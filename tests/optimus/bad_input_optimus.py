@@ -296,7 +296,56 @@ COMMAND_CASES = {
         lambda tmp, folder: ["optimus", "attribute", "train", folder, operator(tmp, folder), "--name", "subject",
                              "--data", written(tmp / "d.jsonl", "")], 1,
         "latent_attributes/subject already exists (pass --overwrite to replace it)"),
+    # the label-conditional method (`--method conditional`): its operators are the embeddings of a fine-tuned model
+    "the gaussian method with label-conditional operators": (
+        lambda tmp, folder: ["optimus", "attribute", "sample", folder, "--operators",
+                             conditional_operator(tmp, folder), "--attribute", "subject=a man", "--method",
+                             "gaussian"], 1,
+        "operator 'subject' holds the label embeddings of a fine-tuned model: use method 'conditional'"),
+    "the conditional method with a classifier operator": (
+        lambda tmp, folder: ["optimus", "attribute", "edit", folder, "a man is reading .", "--operators",
+                             operator(tmp, folder), "--attribute", "subject=a man", "--method", "conditional"], 1,
+        "operator 'subject' is a classifier on z (methods gaussian and flow): method 'conditional' needs the label "
+        "embeddings"),
+    "a label the label-conditional operator does not know": (
+        lambda tmp, folder: ["optimus", "attribute", "sample", folder, "--operators",
+                             conditional_operator(tmp, folder), "--attribute", "subject=a dog"], 1,
+        "attribute 'subject' has no label 'a dog'"),
+    "an unknown attribute of label-conditional operators": (
+        lambda tmp, folder: ["optimus", "attribute", "edit", folder, "a man is reading .", "--operators",
+                             conditional_operator(tmp, folder), "--attribute", "mood=happy"], 1,
+        "unknown attribute 'mood'; the operators are: subject"),
+    "a label-conditional operator of another model": (
+        lambda tmp, folder: ["optimus", "attribute", "sample", folder, "--operators",
+                             conditional_operator(tmp, folder, fingerprint="0" * 16), "--attribute",
+                             "subject=a man"], 1, "was trained on another model (fingerprint 0000000000000000"),
+    "conditional training into the model's own folder": (
+        lambda tmp, folder: ["optimus", "attribute", "train", folder, folder, "--method", "conditional", "--name",
+                             "subject", "--data", written(tmp / "d.jsonl", TWO_LABELS)], 1,
+        "--method conditional writes a new model folder: OUT must not be the model's own folder"),
+    "several attributes for one classifier operator": (
+        lambda tmp, folder: ["optimus", "attribute", "train", folder, tmp / "out", "--name", "subject", "--data",
+                             written(tmp / "d.jsonl", TWO_LABELS), "--name", "place", "--data", tmp / "d.jsonl"], 1,
+        "--method gaussian trains one attribute per run"),
+    "an attribute name without its data": (
+        lambda tmp, folder: ["optimus", "attribute", "train", folder, tmp / "out", "--method", "conditional",
+                             "--name", "subject", "--name", "place", "--data", written(tmp / "d.jsonl", TWO_LABELS)],
+        1, "give one --data per --name: got 2 names and 1 files"),
+    "one attribute named twice": (
+        lambda tmp, folder: ["optimus", "attribute", "train", folder, tmp / "out", "--method", "conditional",
+                             "--name", "subject", "--data", written(tmp / "d.jsonl", TWO_LABELS), "--name", "subject",
+                             "--data", tmp / "d.jsonl"], 1, "--name ['subject', 'subject']: each attribute once"),
+    "a sentence given two labels of one attribute": (
+        lambda tmp, folder: ["optimus", "attribute", "train", folder, tmp / "out", "--method", "conditional",
+                             "--name", "subject", "--data", written(tmp / "d.jsonl", TWO_LABELS + '{"text": '
+                                                                    '"a man is reading .", "label": "a woman"}\n')], 1,
+        "attribute 'subject': the sentence 'a man is reading .' is labelled both 'a man' and 'a woman'"),
+    "conditional training with --dtype auto": (
+        lambda tmp, folder: ["optimus", "attribute", "train", folder, tmp / "out", "--method", "conditional",
+                             "--name", "subject", "--data", written(tmp / "d.jsonl", TWO_LABELS), "--dtype", "auto"],
+        1, "--dtype auto: --method conditional trains float32 weights"),
 }
+TWO_LABELS = '{"text": "a man is reading .", "label": "a man"}\n{"text": "a woman is reading .", "label": "a woman"}\n'
 
 
 def operator(tmp, folder, fingerprint=None, latent_size=None, format_1=False):
@@ -311,6 +360,19 @@ def operator(tmp, folder, fingerprint=None, latent_size=None, format_1=False):
         tmp / "operators" / ATTRIBUTES_FOLDER / "subject")
     if format_1:
         as_format_1(saved)
+    return tmp / "operators"
+
+
+def conditional_operator(tmp, folder, fingerprint=None):
+    """A folder holding a label-conditional `subject` operator (labels "a man", "a woman"; untrained embeddings) for
+    the model in `folder`."""
+    from hf_ext.models.optimus import OptimusModel
+    from hf_ext.models.optimus.attributes import ATTRIBUTES_FOLDER, ConditionalAttribute, latent_fingerprint
+
+    model = OptimusModel.from_pretrained(folder)
+    ConditionalAttribute("subject", ["a man", "a woman"], model.config.latent_size,
+                         latent_fingerprint(model) if fingerprint is None else fingerprint).save(
+        tmp / "operators" / ATTRIBUTES_FOLDER / "subject")
     return tmp / "operators"
 
 

@@ -209,7 +209,7 @@ def test_requests_are_checked(operators):
                              ({"subject": "a dog"}, "has no label 'a dog'")):
         with pytest.raises(ValueError, match=message):
             guided_latents(operators, request, 2, 5)
-    with pytest.raises(ValueError, match="unknown method 'magic'; the methods are: gaussian, flow"):
+    with pytest.raises(ValueError, match="unknown method 'magic'; the methods are: gaussian, flow, conditional"):
         guided_latents(operators, {"subject": "a man"}, 2, 5, method="magic")
 
 
@@ -285,5 +285,6 @@ def test_the_app_samples_and_edits_as_the_library(client, optimus_attribute_fold
                                 ("subject=a girl; subject=a boy", "contradictory request")):
         with pytest.raises(AppError, match=message):
             client.predict(attributes, 2, 0, api_name="/guided_sample")
-    with pytest.raises(AppError, match=r"'magic' .* is not in the list of choices: \['gaussian', 'flow'\]"):
+    with pytest.raises(AppError, match=r"'magic' .* is not in the list of choices: "
+                                       r"\['gaussian', 'flow', 'conditional'\]"):
         client.predict("a man is reading a book at home .", "subject=a girl", "magic", api_name="/edit")

@@ -106,8 +106,8 @@ class OptimusApp:
         return method
 
     def guided_sample(self, attributes: str, count: float, seed: float, method: str = DEFAULT_METHOD) -> list[str]:
-        """Sentences with the requested attributes (`name=label; name=label`) by `method` (`gaussian` or `flow`),
-        greedy decoding."""
+        """Sentences with the requested attributes (`name=label; name=label`) by `method` (`gaussian`, `flow` or
+        `conditional`), greedy decoding."""
         method = self._method(method)
         request = self._request(attributes)
         count = checked_int(count, "samples", 1, MAX_SAMPLES)
@@ -161,7 +161,7 @@ def build_app(source: str, trust_remote_code: bool = False, model_kwargs: dict[s
     `from_pretrained` (`dtype`, `device_map`)."""
     import gradio as gr
 
-    from .attributes import load_latent_attributes
+    from .attributes import default_method, load_latent_attributes
 
     model, processor = load_optimus(source, trust_remote_code, **(model_kwargs or {}))
     limit = model.config.max_decoder_tokens
@@ -221,8 +221,10 @@ def build_app(source: str, trust_remote_code: bool = False, model_kwargs: dict[s
                 "; ".join(f"`{name}`: {', '.join(operator.labels)}" for name, operator in operators.items())
                 if operators else missing) + ". Request attributes as `name=label; name=label`; decoding is greedy.")
             attributes = gr.Textbox(label="attributes", elem_id="attributes", **text)
-            method = gr.Radio(list(METHODS), value=DEFAULT_METHOD, label="method (gaussian: the labels' Gaussians "
-                              "and the latent arithmetic of their means; flow: LatentOps' ODE on the classifiers)")
+            method = gr.Radio(list(METHODS), value=default_method(operators) if operators else DEFAULT_METHOD,
+                              label="method (gaussian: the labels' Gaussians and the latent arithmetic of their "
+                              "means; flow: LatentOps' ODE on the classifiers; conditional: the label embeddings of a "
+                              "model fine-tuned with them)")
             with gr.Row():
                 guided_count = gr.Slider(1, MAX_SAMPLES, value=5, step=1, label="samples")
                 guided_seed = gr.Number(0, precision=0, minimum=0, label="seed")

@@ -36,6 +36,12 @@ arithmetic: the latent moves by the difference of the target label's mean and th
 (the nearest label mean under the shared covariance); with `keep_others` the move loses its components along the
 other operators' label means (the directions their labels differ in), meant to keep their parts; measured on the
 demo models it keeps them less often than the plain move, so it is off by default.
+
+A third method, `conditional`, is the Optimus paper's own label-conditional generation as its released code does it
+(the fine-tuning is in `conditional`): not an operator on a frozen model's z but a fine-tuned model with a learned
+embedding per label added to z; its operators (`ConditionalAttribute`) hold those embeddings (`attribute.json` says
+`"method": "conditional"`) and live in the fine-tuned model's folder. The loader reads both kinds; each method works
+with its own kind.
 """
 
 import hashlib
@@ -43,7 +49,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -73,10 +79,15 @@ LABEL_SHRINKAGE = 0.005
 # 1.00 (the subject and activity together 0.17-0.80, 0.17-0.82, 0.45-0.75, 0.65-0.88), the share of distinct
 # samples 0.45-0.85, 0.42-0.72, 0.33-0.65, 0.25-0.42
 GAUSSIAN_TEMPERATURE = 0.5
-METHODS = ("gaussian", "flow")  # of guided sampling and editing
+CONDITIONAL = "conditional"  # the method of `conditional`'s fine-tuned label embeddings
+METHODS = ("gaussian", "flow", CONDITIONAL)  # of guided sampling and editing
 DEFAULT_METHOD = "gaussian"  # of the latent space, the commands and the app: measured better (docs/optimus.md)
 FORMAT_VERSION = 2  # of attribute.json: 1 (no version field) held the classifier only, 2 adds the label Gaussians
 LABEL_GAUSSIAN_KEYS = ("label_means", "label_scale")
+EMBEDDING_NAME = "label_embedding.safetensors"  # of a label-conditional operator
+NO_LABEL = -1  # of a sentence that has no label for an attribute (label-conditional training)
+# the spread of the `conditional` method's drawn z, a share of the fitted Gaussian's (1: the fit itself)
+CONDITIONAL_TEMPERATURE = 1.0
 
 
 class SentenceEncoder(Protocol):
@@ -190,6 +201,112 @@ class LatentAttribute(nn.Module):
         return attribute.eval()
 
 
+class ConditionalAttribute(nn.Module):
+    """One attribute's label embeddings (`embedding`: [labels, latent], added to z before the decoder) for the model
+    they were fine-tuned with (`fingerprint`), and the Gaussian fit of that model's posterior means of the training
+    sentences that samples draw z from (`latent_mean`, `latent_scale` its covariance's Cholesky factor)."""
+
+    latent_mean: torch.Tensor
+    latent_scale: torch.Tensor
+
+    def __init__(self, name: str, labels: Sequence[str], latent_size: int, fingerprint: str = "") -> None:
+        super().__init__()
+        if not NAME_PATTERN.fullmatch(name):
+            raise ValueError(f"attribute name {name!r}: use letters, digits, '_' and '-' (a letter first, at most 64)")
+        if len(set(labels)) != len(labels) or len(labels) < 2:
+            raise ValueError(f"attribute {name!r} needs at least 2 different labels, got {list(labels)}")
+        self.name, self.labels, self.fingerprint, self.latent_size = name, list(labels), fingerprint, latent_size
+        self.embedding = nn.Embedding(len(labels), latent_size)  # N(0, 1) at first, as the original's
+        self.register_buffer("latent_mean", torch.zeros(latent_size))
+        self.register_buffer("latent_scale", torch.eye(latent_size))
+
+    def label_id(self, label: str) -> int:
+        if label not in self.labels:
+            raise ValueError(f"attribute {self.name!r} has no label {label!r}; its labels: "
+                             f"{', '.join(map(repr, self.labels))}")
+        return self.labels.index(label)
+
+    def save(self, folder: str | Path) -> Path:
+        """Write `folder/attribute.json` and `folder/label_embedding.safetensors`."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({key: value.detach().contiguous() for key, value in self.state_dict().items()},
+                  folder / EMBEDDING_NAME)
+        config = {"format_version": FORMAT_VERSION, "method": CONDITIONAL, "name": self.name, "labels": self.labels,
+                  "latent_size": self.latent_size, "model_fingerprint": self.fingerprint}
+        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path) -> "ConditionalAttribute":
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        try:
+            config = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))
+            version = int(config["format_version"])
+            if version > FORMAT_VERSION:
+                raise ValueError(f"format version {version} is newer than this hf-ext reads ({FORMAT_VERSION})")
+            attribute = cls(config["name"], config["labels"], int(config["latent_size"]), config["model_fingerprint"])
+            attribute.load_state_dict(load_file(folder / EMBEDDING_NAME))
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
+            raise ValueError(f"{folder} is not a readable label-conditional operator "
+                             f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})") from None
+        return attribute.eval()
+
+
+def label_offset(attributes: Sequence[ConditionalAttribute], label_ids: torch.Tensor) -> torch.Tensor:
+    """The sum of each row's label embeddings ([rows, latent]); `label_ids` [rows, attributes], `NO_LABEL` adding
+    nothing."""
+    offset = torch.zeros(len(label_ids), attributes[0].latent_size, device=label_ids.device)
+    for column, attribute in enumerate(attributes):
+        ids = label_ids[:, column]
+        offset = offset + attribute.embedding(ids.clamp(min=0)) * (ids != NO_LABEL)[:, None]
+    return offset
+
+
+def requested_offset(resolved: Sequence[tuple[ConditionalAttribute, int]], rows: int,
+                     device: torch.device | str) -> torch.Tensor:
+    """The requested labels' embeddings, summed, for `rows` latents."""
+    with torch.no_grad():
+        return label_offset([attribute for attribute, _ in resolved],
+                            torch.tensor([[label for _, label in resolved]] * rows, device=device))
+
+
+def conditional_latents(resolved: Sequence[tuple[ConditionalAttribute, int]], num_samples: int,
+                        generator: torch.Generator | None = None, device: torch.device | str = "cpu",
+                        temperature: float = CONDITIONAL_TEMPERATURE) -> torch.Tensor:
+    """Draws of z from the requested operators' Gaussian fit (averaged; `temperature` scales its spread) plus the
+    requested labels' embeddings: what the decoder reads to generate with those labels."""
+    operators = [attribute for attribute, _ in resolved]
+    mean = torch.stack([attribute.latent_mean for attribute in operators]).mean(0)
+    covariance = torch.stack([attribute.latent_scale @ attribute.latent_scale.T for attribute in operators]).mean(0)
+    noise = torch.randn((num_samples, len(mean)), generator=generator, device=device)
+    return mean + temperature * noise @ torch.linalg.cholesky(covariance).T + requested_offset(resolved, num_samples,
+                                                                                               device)
+
+
+def conditional_edited_latents(resolved: Sequence[tuple[ConditionalAttribute, int]],
+                               latent_z: torch.Tensor) -> torch.Tensor:
+    """Each sentence's z plus the target labels' embeddings (the original's transfer: the sentence's own label's
+    embedding, which its reconstruction would add, swapped for the target's)."""
+    return latent_z.float() + requested_offset(resolved, len(latent_z), latent_z.device)
+
+
+def load_operator(folder: Path) -> LatentAttribute | ConditionalAttribute:
+    """The operator in `folder`, of the kind its `attribute.json` names (a classifier unless `"method":
+    "conditional"`)."""
+    try:
+        method = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8")).get("method")
+    except (OSError, ValueError, AttributeError):
+        method = None  # LatentAttribute.load says what is wrong
+    if method == CONDITIONAL:
+        return ConditionalAttribute.load(folder)
+    return LatentAttribute.load(folder)
+
+
 def attributes_folder(source: str | Path) -> Path | None:
     """The `latent_attributes/` folder of a local folder, or of a Hub repo's snapshot (only that folder is
     downloaded); None where there is none."""
@@ -203,19 +320,21 @@ def attributes_folder(source: str | Path) -> Path | None:
     return folder if folder.is_dir() else None
 
 
-def load_latent_attributes(source: str | Path, model: "OptimusModel") -> dict[str, LatentAttribute]:
-    """The operators stored in `source` (a model folder, a folder holding operators or a Hub repo id), by name;
-    operators trained on another model (another latent size or fingerprint) are refused."""
+def load_latent_attributes(source: str | Path, model: "OptimusModel",
+                           ) -> dict[str, LatentAttribute | ConditionalAttribute]:
+    """The operators stored in `source` (a model folder, a folder holding operators or a Hub repo id), by name:
+    classifiers and label-conditional embeddings (`load_operator`); operators trained on another model (another
+    latent size or fingerprint) are refused."""
     folder = attributes_folder(source)
     if folder is None:
         raise ValueError(f"{source} holds no latent attribute operators ({ATTRIBUTES_FOLDER}/): train one with "
                          "`hf-ext optimus attribute train`")
     fingerprint = latent_fingerprint(model)
-    operators = {}
+    operators: dict[str, LatentAttribute | ConditionalAttribute] = {}
     for path in sorted(folder.iterdir()):
         if not (path / CONFIG_NAME).is_file():  # a staging folder of a run in progress, or something else
             continue
-        attribute = LatentAttribute.load(path)
+        attribute = load_operator(path)
         if attribute.latent_size != model.config.latent_size:
             raise ValueError(f"operator {attribute.name!r} ({path}) is for a latent size of {attribute.latent_size}, "
                              f"the model's is {model.config.latent_size}")
@@ -300,8 +419,16 @@ def latent_base(operators: Iterable[LatentAttribute]) -> tuple[torch.Tensor, tor
     return mean, torch.linalg.cholesky(covariance)
 
 
-def resolve_request(operators: Mapping[str, LatentAttribute], request: Mapping[str, str],
-                    ) -> list[tuple[LatentAttribute, int]]:
+class LabelledOperator(Protocol):
+    """What a request resolves against: an operator of either kind."""
+
+    def label_id(self, label: str) -> int: ...
+
+
+Operator = TypeVar("Operator", bound=LabelledOperator)
+
+
+def resolve_request(operators: Mapping[str, Operator], request: Mapping[str, str]) -> list[tuple[Operator, int]]:
     """`(operator, label id)` of each requested `{attribute: label}`; a clear ValueError for an empty request, an
     unknown attribute or a label its operator does not know."""
     if not request:
@@ -368,6 +495,32 @@ def check_method(method: str) -> None:
         raise ValueError(f"unknown method {method!r}; the methods are: {', '.join(METHODS)}")
 
 
+def default_method(operators: Mapping[str, object], request: Iterable[str] | None = None) -> str:
+    """`conditional` where every requested operator (all of them without a request) is a label-conditional one,
+    else `DEFAULT_METHOD`."""
+    kinds = [not isinstance(operators[name], LatentAttribute) for name in (operators if request is None else request)
+             if name in operators]
+    return CONDITIONAL if kinds and all(kinds) else DEFAULT_METHOD
+
+
+def operators_of_method(operators: Mapping[str, LabelledOperator], request: Mapping[str, str], method: str) -> dict:
+    """The operators `method` works with: the label-conditional ones for `conditional`, the classifiers for the
+    others; a ValueError for what `resolve_request` refuses and where a requested attribute's operator is of the
+    other kind."""
+    check_method(method)
+    resolve_request(operators, request)
+    conditional = method == CONDITIONAL
+    for name in request:
+        if name in operators and isinstance(operators[name], LatentAttribute) == conditional:
+            raise ValueError(
+                f"operator {name!r} is a classifier on z (methods gaussian and flow): method 'conditional' needs the "
+                "label embeddings of a model fine-tuned by `hf-ext optimus attribute train --method conditional`"
+                if conditional else f"operator {name!r} holds the label embeddings of a fine-tuned model: use method "
+                f"'conditional' (method {method!r} needs a classifier on z)")
+    return {name: operator for name, operator in operators.items()
+            if isinstance(operator, LatentAttribute) != conditional}
+
+
 def label_gaussian(resolved: Sequence[tuple[LatentAttribute, int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, Cholesky factor) of p(z | a_1 ... a_k) ∝ prod_i p(z | a_i) / p(z)^(k - 1), with p(z) the requested
     operators' base (`latent_base`). Its precision's eigenvalues are floored at the base precision's smallest, so
@@ -392,19 +545,25 @@ def label_gaussian(resolved: Sequence[tuple[LatentAttribute, int]]) -> tuple[tor
     return mean.to(dtype), scale.to(dtype)
 
 
-def guided_latents(operators: Mapping[str, LatentAttribute], request: Mapping[str, str], num_samples: int,
-                   latent_size: int, generator: torch.Generator | None = None, steps: int = FLOW_STEPS,
-                   strength: float = 1.0, device: torch.device | str = "cpu", method: str = "flow",
-                   temperature: float = GAUSSIAN_TEMPERATURE) -> torch.Tensor:
+def guided_latents(operators: Mapping[str, LatentAttribute | ConditionalAttribute], request: Mapping[str, str],
+                   num_samples: int, latent_size: int, generator: torch.Generator | None = None,
+                   steps: int = FLOW_STEPS, strength: float = 1.0, device: torch.device | str = "cpu",
+                   method: str = "flow", temperature: float | None = None) -> torch.Tensor:
     """`num_samples` latents of p(z | request): with method `flow`, draws from p(z) carried by the flow; with
-    `gaussian`, draws from the requested labels' Gaussian (`label_gaussian`), its spread scaled by `temperature`."""
-    check_method(method)
-    resolved = resolve_request(operators, request)
+    `gaussian`, draws from the requested labels' Gaussian (`label_gaussian`), its spread scaled by `temperature`
+    (default `GAUSSIAN_TEMPERATURE`); with `conditional`, draws of z plus the labels' embeddings
+    (`conditional_latents`, `temperature` its default `CONDITIONAL_TEMPERATURE`)."""
+    of_method = operators_of_method(operators, request, method)
+    if method == CONDITIONAL:
+        return conditional_latents(resolve_request(of_method, request), num_samples, generator, device,
+                                   CONDITIONAL_TEMPERATURE if temperature is None else temperature)
+    resolved = resolve_request(of_method, request)
+    temperature = GAUSSIAN_TEMPERATURE if temperature is None else temperature
     if method == "gaussian":
         mean, scale = label_gaussian(resolved)
         noise = torch.randn((num_samples, latent_size), generator=generator, device=device)
         return mean + temperature * noise @ scale.T
-    mean, scale = latent_base(operators.values())
+    mean, scale = latent_base(of_method.values())
     start = mean + torch.randn((num_samples, latent_size), generator=generator, device=device) @ scale.T
     terms = [(attribute, torch.full((num_samples,), label, device=device)) for attribute, label in resolved]
     return attribute_flow(start, terms, scale, steps, strength)[0]
@@ -446,7 +605,8 @@ def edited_latents(operators: Mapping[str, LatentAttribute], latent_z: torch.Ten
     return attribute_flow(latent_z, terms, latent_base(operators.values())[1], steps, strength, keep_path)
 
 
-__all__ = ["ATTRIBUTES_FOLDER", "LatentAttribute", "attribute_flow", "edited_latents", "guided_latents",
-           "arithmetic_edited_latents", "check_method", "fit_label_gaussians", "label_gaussian",
-           "latent_fingerprint", "load_latent_attributes", "parse_request", "resolve_request",
-           "train_latent_attribute", "DEFAULT_METHOD", "METHODS"]
+__all__ = ["ATTRIBUTES_FOLDER", "CONDITIONAL", "ConditionalAttribute", "LatentAttribute", "conditional_edited_latents",
+           "conditional_latents", "label_offset", "attribute_flow", "edited_latents", "guided_latents",
+           "arithmetic_edited_latents", "check_method", "default_method", "fit_label_gaussians", "label_gaussian",
+           "latent_fingerprint", "load_latent_attributes", "load_operator", "operators_of_method", "parse_request",
+           "resolve_request", "train_latent_attribute", "DEFAULT_METHOD", "METHODS"]

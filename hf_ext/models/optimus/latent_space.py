@@ -106,30 +106,49 @@ class OptimusLatentSpace:
                       method: str | None = None, temperature: float | None = None, **generation_kwargs: Any,
                       ) -> list[str]:
         """Decode latents drawn from p(z | attributes) (`attributes`: `{name: label}` of the operators, by
-        default those stored in the model's folder); `method`: `gaussian` (the default; draws from the labels'
-        Gaussians, `temperature` the share of their spread) or `flow` (LatentOps' ODE sampler, `steps` and
-        `strength` its settings)."""
-        from .attributes import DEFAULT_METHOD, FLOW_STEPS, GAUSSIAN_TEMPERATURE, check_method, guided_latents
+        default those stored in the model's folder); `method`: `gaussian` (the default for classifier operators;
+        draws from the labels' Gaussians, `temperature` the share of their spread), `flow` (LatentOps' ODE sampler,
+        `steps` and `strength` its settings) or `conditional` (the default for the label embeddings of a model
+        fine-tuned with them, `conditional`: a drawn z plus the labels' embeddings, `temperature` the share of the
+        drawn z's spread)."""
+        from .attributes import FLOW_STEPS, check_method, default_method, guided_latents
 
-        check_method(method or DEFAULT_METHOD)
+        if method is not None:
+            check_method(method)
         operators = self.latent_attributes() if operators is None else operators
         latents = guided_latents(operators, attributes, num_samples, self.model.config.latent_size, generator,
-                                 steps or FLOW_STEPS, strength, self.model.device, method or DEFAULT_METHOD,
-                                 GAUSSIAN_TEMPERATURE if temperature is None else temperature)
+                                 steps or FLOW_STEPS, strength, self.model.device,
+                                 method or default_method(operators, attributes), temperature)
         return self.decode(latents.to(self.model.dtype), **generation_kwargs)
 
     def edit(self, texts: str | Iterable[str], attributes: dict[str, str], operators: dict | None = None,
              steps: int | None = None, strength: float = 1.0, method: str | None = None, keep_others: bool = False,
              **generation_kwargs: Any) -> list[str]:
         """Move each text's posterior mean to the requested attribute labels and decode it; `method`: `gaussian`
-        (the default; the latent arithmetic of label means; with `keep_others`, not along the other
-        operators' label means) or `flow` (LatentOps' ODE, the other operators' attributes held as they are)."""
-        from .attributes import DEFAULT_METHOD, FLOW_STEPS, arithmetic_edited_latents, check_method, edited_latents
+        (the default for classifier operators; the latent arithmetic of label means; with `keep_others`, not along
+        the other operators' label means), `flow` (LatentOps' ODE, the other operators' attributes held as they
+        are) or `conditional` (the default for label embeddings; the posterior mean plus the target labels'
+        embeddings, the original's transfer)."""
+        from .attributes import (
+            CONDITIONAL,
+            FLOW_STEPS,
+            arithmetic_edited_latents,
+            check_method,
+            conditional_edited_latents,
+            default_method,
+            edited_latents,
+            operators_of_method,
+            resolve_request,
+        )
 
-        method = method or DEFAULT_METHOD
-        check_method(method)
+        if method is not None:
+            check_method(method)
         operators = self.latent_attributes() if operators is None else operators
-        if method == "gaussian":
+        method = method or default_method(operators, attributes)
+        operators = operators_of_method(operators, attributes, method)
+        if method == CONDITIONAL:
+            latents = conditional_edited_latents(resolve_request(operators, attributes), self.encode(texts)[0])
+        elif method == "gaussian":
             latents = arithmetic_edited_latents(operators, self.encode(texts)[0], attributes, keep_others)
         else:
             latents, _ = edited_latents(operators, self.encode(texts)[0], attributes, steps or FLOW_STEPS, strength)

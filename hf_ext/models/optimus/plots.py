@@ -198,7 +198,8 @@ def plot_attribute_map(latent_map: dict, path: str | Path, title: str | None = N
     """PNG of an attribute operator's regions on a plane of the latent space, with posterior means coloured by their
     label and an edit's path. `latent_map`: `x`, `y` (the grid's coordinates), `regions` ([y][x] label ids),
     `labels`, `points` ([n, 2]), `point_labels`, `path` ([m, 2]), `path_texts` (decoded along the path), `part`,
-    `source` and `request`."""
+    `source` and `request`; optionally `gaussian_path` and `gaussian_path_texts`, the same edit by the `gaussian`
+    method, drawn beside it."""
     import numpy as np
 
     figure = new_figure(11, 8.5)
@@ -214,10 +215,14 @@ def plot_attribute_map(latent_map: dict, path: str | Path, title: str | None = N
     for index, label in enumerate(labels):
         chosen = [label == point_label for point_label in latent_map["point_labels"]]
         axis.scatter(points[chosen, 0], points[chosen, 1], s=14, color=colours[index], label=label)
-    path_points = np.asarray(latent_map["path"])
-    axis.plot(path_points[:, 0], path_points[:, 1], "-", color="black", linewidth=2, label="edit path")
-    axis.scatter(path_points[0, 0], path_points[0, 1], marker="o", s=80, facecolors="none", edgecolors="black")
-    axis.scatter(path_points[-1, 0], path_points[-1, 1], marker="*", s=160, color="black")
+    paths = [("path", "edit path (flow)" if "gaussian_path" in latent_map else "edit path", "black", "-")]
+    if "gaussian_path" in latent_map:
+        paths.append(("gaussian_path", "edit path (gaussian)", "dimgrey", "--"))
+    for key, name, colour, style in paths:
+        path_points = np.asarray(latent_map[key])
+        axis.plot(path_points[:, 0], path_points[:, 1], style, color=colour, linewidth=2, label=name)
+        axis.scatter(path_points[0, 0], path_points[0, 1], marker="o", s=80, facecolors="none", edgecolors=colour)
+        axis.scatter(path_points[-1, 0], path_points[-1, 1], marker="*", s=160, color=colour)
     axis.set_xlabel("along the edit")
     axis.set_ylabel("principal axis orthogonal to it")
     axis.set_title(f"regions of the {latent_map['part']} operator (shaded) and posterior means (dots, by their "
@@ -226,8 +231,13 @@ def plot_attribute_map(latent_map: dict, path: str | Path, title: str | None = N
     listing_axis = figure.add_subplot(grid[3, 0])
     listing_axis.axis("off")
     request = ", ".join(f"{name} = {label}" for name, label in latent_map["request"].items())
-    listing_axis.text(0, 1, f"edit of \"{latent_map['source']}\" to {request}, decoded along the path (o to *):\n"
-                      + "\n".join(latent_map["path_texts"]), va="top", fontsize=9, family="monospace")
+    listing_axis.text(0, 1, f"edit of \"{latent_map['source']}\" to {request}, decoded along the path (o to *):",
+                      va="top", fontsize=9, family="monospace")
+    columns = [("flow", "path_texts"), ("gaussian", "gaussian_path_texts")] if "gaussian_path" in latent_map \
+        else [("", "path_texts")]
+    for column, (name, key) in enumerate(columns):  # the paths' texts side by side
+        listing_axis.text(column / len(columns), 0.85, (f"{name}:\n" if name else "") + "\n".join(latent_map[key]),
+                          va="top", fontsize=8 if name else 9, family="monospace")
     if title:
         figure.suptitle(title)
     figure.savefig(Path(path), dpi=100)

@@ -280,7 +280,7 @@ class OptimusTrainer(TermLoggingTrainer):
         return (outputs.loss, outputs) if return_outputs else outputs.loss
 
 
-def finetune_optimus(model: "OptimusModel | PeftModel", processor: OptimusProcessor,
+def finetune_optimus(model: "OptimusModel | PeftModel | torch.nn.Module", processor: OptimusProcessor,
                      dataset: "Dataset | IterableDataset",
                      output_dir: str | Path | None = None, max_steps: int | None = None, batch_size: int = 8,
                      learning_rate: float = 5e-5, n_cycles: int = 1, ratio_zero: float = DEFAULT_RATIO_ZERO,
@@ -288,9 +288,12 @@ def finetune_optimus(model: "OptimusModel | PeftModel", processor: OptimusProces
                      max_length: int | None = None, text_column: str = "text",
                      callbacks: Sequence[TrainerCallback] = (), log_to_stderr: bool = False,
                      save_steps: int | None = None, save_total_limit: int | None = 2, print_logs: bool = True,
-                     args: TrainingArguments | None = None, **training_kwargs: Any) -> "OptimusTrainer":
-    """Fine-tune `model` on the `text_column` of `dataset` with the original objective (cyclical KL schedule up to
-    `config.beta`, free bits, length weighting as configured); the trained model stays in memory. A
+                     args: TrainingArguments | None = None, data_collator: Any = None,
+                     **training_kwargs: Any) -> "OptimusTrainer":
+    """Fine-tune `model` (an `OptimusModel`, a PEFT wrapper of one, or a module around one that exposes its `config`
+    and `beta`, as `conditional.LabelConditionalOptimus`) on the `text_column` of `dataset` with the original
+    objective (cyclical KL schedule up to `config.beta`, free bits, length weighting as configured); the trained
+    model stays in memory. A
     `datasets.IterableDataset` (`read_text_lines(..., streaming=True)`) is read while training, each process its
     own part, and its position is saved with every checkpoint (`hf_ext.streaming`).
 
@@ -298,7 +301,8 @@ def finetune_optimus(model: "OptimusModel | PeftModel", processor: OptimusProces
     `output_dir` (the Trainer's working folder), `max_steps`, `batch_size`, `learning_rate`, `logging_steps`, `seed`,
     `save_steps`/`save_total_limit` and any other `TrainingArguments` field in `training_kwargs`.
     `log_to_stderr` writes the logs as JSON lines on stderr instead of stdout; `print_logs=False` prints none
-    (`callbacks` still receive them).
+    (`callbacks` still receive them). `data_collator` replaces the `OptimusDataCollator` of `text_column` (for a model
+    whose forward takes more than the text, as `conditional.LabelConditionalOptimus`).
 
     When the arguments save checkpoints (`save_steps`), a run on the same output folder resumes from the newest
     complete one: the beta schedule and the data order continue where they stopped. Returns the `OptimusTrainer`
@@ -315,7 +319,7 @@ def finetune_optimus(model: "OptimusModel | PeftModel", processor: OptimusProces
     if is_stream(dataset):  # each process reads its own part
         dataset = split_for_process(dataset, args)
     trainer = OptimusTrainer(model=model, args=args, train_dataset=dataset,
-                             data_collator=OptimusDataCollator(processor, text_column, max_length),
+                             data_collator=data_collator or OptimusDataCollator(processor, text_column, max_length),
                              callbacks=[schedule, *callbacks])
     if not print_logs:
         trainer.remove_callback(PrinterCallback)
