@@ -166,6 +166,8 @@ def _pretrain(args):
         files = data_files(args.documents, "documents")
         raise (StreamReadError(corpus_error(files, "documents", error.error), error.kept) if files else error) \
             from None
+    if not training_args.should_save:  # another process of a distributed run: the main one writes the result
+        return
     with atomic_output_dir(out / "ernie", overwrite=True) as staging:
         model.save_ernie_pretrained(staging)
         tokenizer.save_pretrained(staging)
