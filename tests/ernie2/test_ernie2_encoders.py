@@ -1,8 +1,8 @@
 """ERNIE 2.0 pre-training started from BERT-family encoders other than ERNIE (tiny configs of BERT with its MLM
-head, a MiniLM-shaped BERT encoder without one, as all-MiniLM-L6-v2 ships, an ELECTRA discriminator, and RoBERTa and
-XLM-RoBERTa with byte-level BPE and sentencepiece tokenizers trained here): their weights carry over (ERNIE's encoder
-computes what theirs did), `hf-ext ernie2 pretrain` trains from them, every stage lowers the loss of its tasks, and
-the word-level tasks label whole words of tokenizers that cut words into several pieces."""
+head, a MiniLM-shaped BERT encoder without one, as all-MiniLM-L6-v2 ships, an ELECTRA discriminator, and RoBERTa,
+XLM-RoBERTa and CamemBERT with byte-level BPE and sentencepiece tokenizers trained here): their weights carry over
+(ERNIE's encoder computes what theirs did), `hf-ext ernie2 pretrain` trains from them, every stage lowers the loss
+of its tasks, and the word-level tasks label whole words of tokenizers that cut words into several pieces."""
 
 import json
 
@@ -15,6 +15,9 @@ from transformers import (
     BertConfig,
     BertForMaskedLM,
     BertModel,
+    CamembertConfig,
+    CamembertForMaskedLM,
+    CamembertTokenizer,
     ElectraConfig,
     ElectraModel,
     RobertaConfig,
@@ -68,11 +71,12 @@ def roberta_tokenizer():
     return RobertaTokenizer(vocab=model["vocab"], merges=[tuple(merge) for merge in model["merges"]])
 
 
-def xlm_roberta_tokenizer():
+def sentencepiece_tokenizer(tokenizer_class):
+    """A unigram sentencepiece model over the corpus, as XLM-RoBERTa's and CamemBERT's tokenizers hold."""
     trained = SentencePieceUnigramTokenizer()
     trained.train_from_iterator(TEXTS, vocab_size=120, special_tokens=SPECIAL, show_progress=False)
     model = json.loads(trained._tokenizer.to_str())["model"]
-    return XLMRobertaTokenizer(vocab=[tuple(piece) for piece in model["vocab"]])
+    return tokenizer_class(vocab=[tuple(piece) for piece in model["vocab"]])
 
 
 def roberta(tok):
@@ -81,6 +85,10 @@ def roberta(tok):
 
 def xlm_roberta(tok):
     return XLMRobertaForMaskedLM(XLMRobertaConfig(vocab_size=len(tok), **ROBERTA_SETTINGS))
+
+
+def camembert(tok):
+    return CamembertForMaskedLM(CamembertConfig(vocab_size=len(tok), **ROBERTA_SETTINGS))
 
 
 def pretrain_cli(folder, tmp_path, capsys):
@@ -115,8 +123,9 @@ def test_a_bert_family_encoder_starts_a_pretraining_run(make, tmp_path, capsys):
     pretrain_cli(folder, tmp_path, capsys)
 
 
-@pytest.mark.parametrize(("make", "make_tokenizer"), [(roberta, roberta_tokenizer),
-                                                      (xlm_roberta, xlm_roberta_tokenizer)])
+@pytest.mark.parametrize(("make", "make_tokenizer"), [
+    (roberta, roberta_tokenizer), (xlm_roberta, lambda: sentencepiece_tokenizer(XLMRobertaTokenizer)),
+    (camembert, lambda: sentencepiece_tokenizer(CamembertTokenizer))], ids=["roberta", "xlm-roberta", "camembert"])
 def test_a_roberta_family_encoder_starts_a_pretraining_run(make, make_tokenizer, tmp_path, capsys):
     tok = make_tokenizer()
     torch.manual_seed(0)

@@ -7,7 +7,6 @@ through a c10d rendezvous) reading disjoint parts of the stream with the same lo
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -185,21 +184,21 @@ def test_two_nodes_meet_at_a_c10d_rendezvous_and_read_disjoint_shards(tmp_path):
 
 def torchrun_cli(argv, timeout):
     """`hf-ext --quiet ARGV` under `torchrun --nproc_per_node 2` (gloo on the CPU): (exit code, stdout, stderr). A
-    run still going after `timeout` seconds (a process waiting in a collective for one that is gone) is killed with
-    its workers and fails the test."""
+    run still going after `timeout` seconds (a process waiting in a collective for one that is gone) is stopped and
+    fails the test: SIGTERM to torchrun, which stops its workers (they run in sessions of their own, out of reach of
+    a signal to its group), killing them after its 30 s of grace."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                "--master_port", str(port), "-m", "hf_ext.cli", "--quiet", *map(str, argv)]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        _, err = process.communicate()
+        process.terminate()
+        _, err = process.communicate(timeout=120)
         pytest.fail(f"torchrun still ran after {timeout} s: a process waits for one that is gone\n{err[-3000:]}")
     return process.returncode, out, err
 

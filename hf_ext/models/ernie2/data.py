@@ -206,8 +206,9 @@ def words_and_pieces(tokenizer: PreTrainedTokenizerFast, texts: Sequence[str],
     """For each text: its words (the spans of the original text that the tokenizer's pre-tokenizer delimits, case
     kept), its pieces' ids, and the word of each piece. Read off the fast tokenizer's own encoding (`word_ids()`,
     `word_to_chars`), so that the words are those of any pre-tokenizer: BERT's (whitespace, punctuation apart),
-    byte-level BPE's (RoBERTa: a word with its leading space, whose offsets leave the space out), sentencepiece's
-    (XLM-R, CamemBERT: whitespace only, so punctuation stays on its word)."""
+    byte-level BPE's (RoBERTa: a word with its leading space, stripped here, since a tokenizer saved with
+    `trim_offsets=False` counts it in the word's offsets), sentencepiece's (XLM-R, CamemBERT: white space only, so
+    punctuation stays on its word)."""
     encoded = tokenizer(list(texts), add_special_tokens=False)
     split = []
     for index, text in enumerate(texts):
@@ -414,7 +415,7 @@ class Ernie2DataBuilder:
     def encode(self, sentences: Sequence[str], spans: tuple[Iterable[str], Iterable[str]] | None = None,
                ) -> list[Segment]:
         """One `Segment` per sentence; with `spans` (the document's `(entities, phrases)`), its masking units too."""
-        if not sentences:
+        if not sentences:  # a fast tokenizer refuses an empty batch
             return []
         return [Segment(words, ids, word_of_piece, self.span_finder.find(words, *spans) if spans is not None else [])
                 for words, ids, word_of_piece in words_and_pieces(self.tokenizer, sentences)]

@@ -281,7 +281,8 @@ def load_pretraining_model(name_or_path: str | Path, config_kwargs: dict[str, An
                            ) -> Ernie2ForPreTraining:
     """An `Ernie2ForPreTraining` from an ERNIE 2.0 pre-training folder (`from_pretrained`), from a plain `ernie`
     folder or repo, such as `hf-ext convert ernie2` writes (`from_ernie_pretrained` with `config_kwargs`), or from
-    another BERT-family encoder (BERT, MiniLM, ELECTRA: `encoders.ernie_from_bert_family`)."""
+    another BERT-family encoder (BERT, MiniLM, ELECTRA, RoBERTa, XLM-RoBERTa, CamemBERT:
+    `encoders.ernie_from_bert_family`)."""
     from transformers import AutoConfig
 
     from .encoders import ernie_from_bert_family
