@@ -151,8 +151,8 @@ COMMAND_CASES = {
         "its 2 positions leave none after the 2 that RoBERTa keeps for padding"),
     "streamed pretrain from a shard that is not JSON": (lambda tmp, folder: [
         "ernie2", "pretrain", folder, "--streaming", "--documents",
-        written(empty_folder(tmp / "shards") / "shard-00.jsonl", '{"paragraphs": [["cut\n'), "--output-dir",
-        tmp / "out"], 1, "shard-00.jsonl, line 1: not JSON"),
+        written(empty_folder(tmp / "shards") / "shard-00.jsonl", '{"paragraphs": [["cut\n'), "--max-length", "32",
+        "--output-dir", tmp / "out"], 1, "shard-00.jsonl, line 1: not JSON"),
     "pretrain from an ELECTRA with narrow embeddings": (lambda tmp, folder: [
         "ernie2", "pretrain", config_folder(tmp / "electra", model_type="electra", embedding_size=16,
                                             hidden_size=32, num_attention_heads=4), "--documents",
