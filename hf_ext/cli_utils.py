@@ -231,6 +231,10 @@ def terminate_as_exception() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+# what gloo raises in a process whose collective lost a peer (a process of the run that failed and exited)
+PEER_GONE = "Connection closed by peer"
+
+
 def describe_failure(error: BaseException) -> str:
     """One line for an unexpected failure: its type and the first line of its message, with the file an OSError
     names."""
@@ -238,6 +242,8 @@ def describe_failure(error: BaseException) -> str:
         return f"{type(error).__name__}: {error.filename}: {error.strerror}"
     if isinstance(error, MemoryError):
         return "MemoryError: out of memory (an input announces more data than can be held: is it corrupt?)"
+    if isinstance(error, RuntimeError) and PEER_GONE in str(error):
+        return "another process of this distributed run stopped (its own error line says why)"
     return f"{type(error).__name__}: {one_line(error)}"
 
 

@@ -195,7 +195,8 @@ def train_keeping_progress(trainer: Trainer, resume_from_checkpoint: str | None 
     `hf_ext.trainer.TermLoggingTrainer` has for a `datasets.IterableDataset`): a resumed run moves the stream to the
     position saved with the checkpoint, and every checkpoint saves it. When the stream cannot be read
     (`StreamReadError`), the steps trained until then are saved as a checkpoint (with the stream's position) before
-    the error is raised again, naming it."""
+    the error is raised again, naming it; under several processes only the last regular checkpoint is kept
+    (`kept_by_several_processes`)."""
     stream = getattr(trainer, "stream", None)
     if isinstance(stream, PositionedStream):
         repositioned = restore_stream_position(stream.stream, resume_from_checkpoint, trainer.args.process_index)
@@ -209,6 +210,8 @@ def train_keeping_progress(trainer: Trainer, resume_from_checkpoint: str | None 
     try:
         return trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     except StreamReadError as error:
+        if trainer.args.world_size > 1:
+            raise StreamReadError(error.error, kept_by_several_processes(trainer.args.output_dir)) from None
         step = trainer.state.global_step
         folder = Path(trainer.args.output_dir or ".") / f"checkpoint-{step}"
         if step and not folder.is_dir():
@@ -219,6 +222,21 @@ def train_keeping_progress(trainer: Trainer, resume_from_checkpoint: str | None 
         kept = (f"; the {step} steps trained are kept in {folder}: correct the data and run the same command to "
                 "resume") if step else ""
         raise StreamReadError(error.error, kept) from None
+
+
+def kept_by_several_processes(output_dir: str | None) -> str:
+    """What a distributed run keeps when one process cannot read its stream: the last checkpoint saved (`save_steps`)
+    and nothing after it. A checkpoint needs every process (each saves its stream position and RNG state, and Trainer
+    gathers counters across them on saving) while the others wait in the step's collective; this process leaves
+    instead, and torchrun stops the others."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last = get_last_checkpoint(output_dir) if output_dir and Path(output_dir).is_dir() else None
+    if last is None:
+        return "; no checkpoint was saved yet (several processes save only every --save-steps): correct the data " \
+            "and run the same command to start again"
+    return f"; the steps up to {last} are kept (several processes save only every --save-steps, not on failure): " \
+        "correct the data and run the same command to resume"
 
 
 class RestoreRngStates(TrainerCallback):
@@ -250,5 +268,5 @@ def restore_stream_position(stream: "IterableDataset", checkpoint: str | Path | 
 
 
 __all__ = ["PositionedStream", "RestoreRngStates", "StreamPositionCallback", "StreamReadError", "corpus_error",
-           "data_files", "is_stream", "load_json_source", "restore_stream_position", "split_for_process",
-           "stream_dataloader", "train_keeping_progress"]
+           "data_files", "is_stream", "kept_by_several_processes", "load_json_source", "restore_stream_position",
+           "split_for_process", "stream_dataloader", "train_keeping_progress"]

@@ -140,10 +140,19 @@ COMMAND_CASES = {
     "pretrain on an unknown device": (lambda tmp, folder: [
         "ernie2", "pretrain", folder, "--documents", written(tmp / "docs.txt", "A sentence.\n"), "--output-dir",
         tmp / "out", "--device", "npu"], 2, "argument --device: expected cpu, cuda, cuda:N, mps or auto, got 'npu'"),
-    "pretrain from a RoBERTa model": (lambda tmp, folder: [
-        "ernie2", "pretrain", config_folder(tmp / "roberta", model_type="roberta"), "--documents",
+    "pretrain from a DeBERTa model": (lambda tmp, folder: [
+        "ernie2", "pretrain", config_folder(tmp / "deberta", model_type="deberta-v2"), "--documents",
         written(tmp / "docs.txt", "A sentence.\nAnother one.\n"), "--output-dir", tmp / "out"], 1,
-        "roberta model: its byte-level tokenizer does not split words the way ERNIE 2.0's word-level tasks need"),
+        "deberta-v2 model: its attention is not BERT's (relative or rotary positions)"),
+    "pretrain from a RoBERTa without positions past its padding": (lambda tmp, folder: [
+        "ernie2", "pretrain", config_folder(tmp / "roberta", model_type="roberta", pad_token_id=1,
+                                            max_position_embeddings=2), "--documents",
+        written(tmp / "docs.txt", "A sentence.\nAnother one.\n"), "--output-dir", tmp / "out"], 1,
+        "its 2 positions leave none after the 2 that RoBERTa keeps for padding"),
+    "streamed pretrain from a shard that is not JSON": (lambda tmp, folder: [
+        "ernie2", "pretrain", folder, "--streaming", "--documents",
+        written(empty_folder(tmp / "shards") / "shard-00.jsonl", '{"paragraphs": [["cut\n'), "--max-length", "32",
+        "--output-dir", tmp / "out"], 1, "shard-00.jsonl, line 1: not JSON"),
     "pretrain from an ELECTRA with narrow embeddings": (lambda tmp, folder: [
         "ernie2", "pretrain", config_folder(tmp / "electra", model_type="electra", embedding_size=16,
                                             hidden_size=32, num_attention_heads=4), "--documents",

@@ -1,5 +1,6 @@
 """A generated ERNIE 2.0 corpus in JSON-lines shards whose every document is told apart by its own word, with the
-tokenizer, tiny config and batch-recording collator that the streaming tests and their `torchrun` script share."""
+tokenizer, tiny config and batch-recording collator that the streaming tests and their `torchrun` script share;
+and `CORPUS`, a few documents on different topics for the data builders and the loss of every task."""
 
 import json
 from pathlib import Path
@@ -8,6 +9,21 @@ from transformers import BertTokenizer
 
 from hf_ext.models.ernie2 import Ernie2PreTrainingConfig
 from hf_ext.models.ernie2.data import Ernie2PreTrainingCollator
+
+# a few documents on different topics, with entities and content-word phrases
+CORPUS = [
+    {"paragraphs": [["Marie Curie was born in Warsaw.", "She studied physics in Paris at the Sorbonne.",
+                     "Her work on radioactive decay won two Nobel prizes."],
+                    ["In New York the Bank of America opened a branch.", "The red ball rolled under the old table."]],
+     "entities": ["Nobel prizes"]},
+    {"paragraphs": [["Albert Einstein developed the theory of relativity.", "He won the Nobel Prize.",
+                     "Later he moved to Princeton."],
+                    ["The theory changed physics forever.", "Students in Princeton still study it."]]},
+    {"paragraphs": [["The Amazon river flows through Brazil.", "Many strange fish live in the river."],
+                    ["Brazil is a large country.", "Its capital is Brasilia.", "People in Brazil speak Portuguese."]]},
+    {"paragraphs": [["Ada Lovelace wrote the first computer program.", "She worked with Charles Babbage in London."],
+                    ["The analytical engine was never built.", "Her notes describe how it would compute numbers."]]},
+]
 
 COMMON_WORDS = ["the", "river", "flows", "past", "old", "town", "people", "live", "near", "it", "."]
 

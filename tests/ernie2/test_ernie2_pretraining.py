@@ -19,6 +19,7 @@ import yaml
 from conftest import PROCESS_TIMEOUT, REPO_ROOT, cli_exit_code
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
+from streaming_corpus import CORPUS
 from torch.nn import functional as F
 from transformers import (
     AutoModelForPreTraining,
@@ -64,22 +65,6 @@ pytestmark = pytest.mark.slow
 
 TINY = REPO_ROOT / "tests/fixtures/ernie2/tiny"
 GLUE = REPO_ROOT / "tests/data/glue_samples"
-
-CORPUS = [
-    {"paragraphs": [["Marie Curie was born in Warsaw.", "She studied physics in Paris at the Sorbonne.",
-                     "Her work on radioactive decay won two Nobel prizes."],
-                    ["In New York the Bank of America opened a branch.", "The red ball rolled under the old table."]],
-     "entities": ["Nobel prizes"]},
-    {"paragraphs": [["Albert Einstein developed the theory of relativity.", "He won the Nobel Prize.",
-                     "Later he moved to Princeton."],
-                    ["The theory changed physics forever.", "Students in Princeton still study it."]]},
-    {"paragraphs": [["The Amazon river flows through Brazil.", "Many strange fish live in the river."],
-                    ["Brazil is a large country.", "Its capital is Brasilia.", "People in Brazil speak Portuguese."]]},
-    {"paragraphs": [["Ada Lovelace wrote the first computer program.", "She worked with Charles Babbage in London."],
-                    ["The analytical engine was never built.", "Her notes describe how it would compute numbers."]]},
-]
-
-
 
 
 @pytest.fixture(scope="module")

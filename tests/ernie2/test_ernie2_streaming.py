@@ -1,7 +1,8 @@
 """ERNIE 2.0 pre-training on streamed corpora (`hf_ext.streaming`, `read_documents(..., streaming=True)`): sources
 (file, folder of shards, glob), a stage's task mixture against its requested shares, a stage stopped and resumed
-mid-stream against an uninterrupted one, a shard that stops being JSON halfway, and two processes (one machine;
-two "nodes" through a c10d rendezvous) reading disjoint parts of the stream with the same loss."""
+mid-stream against an uninterrupted one, a shard that stops being JSON halfway (in one process, and in one of two
+processes under torchrun, where every process must end within seconds), and two processes (one machine; two "nodes"
+through a c10d rendezvous) reading disjoint parts of the stream with the same loss."""
 
 import json
 import os
@@ -179,3 +180,73 @@ def test_two_nodes_meet_at_a_c10d_rendezvous_and_read_disjoint_shards(tmp_path):
     assert words[0] and words[1] and not words[0] & words[1]
     assert [e["loss"] for e in ranks[0]["log_history"] if "loss" in e] == \
         [e["loss"] for e in ranks[1]["log_history"] if "loss" in e]
+
+
+def torchrun_cli(argv, timeout):
+    """`hf-ext --quiet ARGV` under `torchrun --nproc_per_node 2` (gloo on the CPU): (exit code, stdout, stderr). A
+    run still going after `timeout` seconds (a process waiting in a collective for one that is gone) is stopped and
+    fails the test: SIGTERM to torchrun, which stops its workers (they run in sessions of their own, out of reach of
+    a signal to its group), killing them after its 30 s of grace."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(port), "-m", "hf_ext.cli", "--quiet", *map(str, argv)]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.terminate()
+        _, err = process.communicate(timeout=120)
+        pytest.fail(f"torchrun still ran after {timeout} s: a process waits for one that is gone\n{err[-3000:]}")
+    return process.returncode, out, err
+
+
+@pytest.mark.slow
+def test_a_damaged_shard_read_by_one_of_two_processes_ends_every_process_with_one_error_line(tmp_path):
+    # four shards: rank 1 reads shards 2 and 3; the first 64 documents of shard 2 train it 64 steps of 2, then
+    # shard 3, whose fifth line is cut, is read
+    corpus = write_corpus(tmp_path / "corpus", shards=4, documents_per_shard=70)
+    bad = corpus / "shard-03.jsonl"
+    lines = bad.read_text().splitlines()
+    bad.write_text("\n".join([*lines[:4], '{"paragraphs": [["cut', *lines[4:]]) + "\n")
+    folder = tmp_path / "model"
+    Ernie2ForPreTraining(tiny_config(len(tokenizer()))).save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    stages = tmp_path / "stages.yml"
+    stages.write_text("stages:\n  - steps: {capitalization: 100}\n")
+    argv = ["ernie2", "pretrain", folder, "--documents", corpus, "--streaming", "--stages", stages, "--output-dir",
+            tmp_path / "run", "--batch-size", "2", "--max-length", "32", "--save-steps", "20", "--logging-steps", "10",
+            "--device", "cpu"]
+    code, _, err = torchrun_cli(argv, timeout=300)
+    stage = tmp_path / "run" / "stage-1"
+    errors = [line for line in err.splitlines() if line.startswith("hf-ext: error:")]
+    named = [line for line in errors if re.fullmatch(
+        rf"hf-ext: error: cannot read the stream: documents {re.escape(str(bad))}, line 5: not JSON \(.+\); the "
+        rf"steps up to {re.escape(str(stage / 'checkpoint-60'))} are kept \(several processes save only every "
+        r"--save-steps, not on failure\): correct the data and run the same command to resume", line)]
+    assert code != 0 and len(named) == 1, err[-3000:]
+    # the other process, whose step lost its peer, says so in one line, or is stopped by torchrun; no rank's
+    # traceback is printed
+    assert set(errors) - set(named) <= {"hf-ext: error: another process of this distributed run stopped (its own "
+                                        "error line says why)", "hf-ext: error: terminated (SIGTERM)"}, errors
+    assert not re.search(r"^\[rank\d\]:", err, re.MULTILINE)
+    # torchrun's report: both processes failed (exit code 1, or stopped by its SIGTERM), within seconds of each other
+    codes = [int(c) for c in re.findall(r"^ +exitcode +: (-?\d+)", err, re.MULTILINE)]
+    times = sorted(re.findall(r"^ +time +: \S+_(\d\d):(\d\d):(\d\d)$", err, re.MULTILINE))
+    seconds = [int(h) * 3600 + int(m) * 60 + int(s) for h, m, s in times]
+    assert len(codes) == 2 and 0 not in codes and seconds[-1] - seconds[0] <= 5, err[-3000:]
+    # no half-written folder: the checkpoints kept hold every process's state, and no model was written
+    checkpoints = sorted(stage.glob("checkpoint-*"))
+    assert [path.name for path in checkpoints] == ["checkpoint-40", "checkpoint-60"]
+    assert all((path / name).is_file() for path in checkpoints
+               for name in ("trainer_state.json", "stream_state-rank0.json", "stream_state-rank1.json"))
+    assert not (tmp_path / "run" / "ernie").exists()
+
+    bad.write_text("\n".join(lines) + "\n")
+    code, out, err = torchrun_cli(argv, timeout=300)
+    assert code == 0, err[-3000:]
+    logged = [json.loads(line)["step"] for line in err.splitlines() if line.startswith('{"step"')]
+    assert min(logged) == 70 and json.loads(out)["step"] == 100  # resumed from step 60; printed by one process
+    assert (tmp_path / "run" / "ernie" / "model.safetensors").is_file()

@@ -26,8 +26,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     parser = tools.add_parser(
         "pretrain", help="continual multi-task pre-training from raw documents",
-        description="Pre-train MODEL (a converted ERNIE folder, an ERNIE 2.0 pre-training folder, or a BERT, MiniLM or "
-        "ELECTRA encoder, whose weights start ERNIE's) stage by stage on "
+        description="Pre-train MODEL (a converted ERNIE folder, an ERNIE 2.0 pre-training folder, or a BERT, MiniLM, "
+        "ELECTRA, RoBERTa, XLM-RoBERTa or CamemBERT encoder, whose weights start ERNIE's) stage by stage on "
         "the tasks of the schedule. OUTPUT_DIR holds one folder per stage; running the same command again resumes "
         "where it stopped. At the end OUTPUT_DIR/ernie is a plain transformers ernie folder for fine-tuning.")
     add_model_argument(parser, "converted ERNIE folder, ERNIE 2.0 pre-training folder, or Hub repo id")
@@ -166,6 +166,8 @@ def _pretrain(args):
         files = data_files(args.documents, "documents")
         raise (StreamReadError(corpus_error(files, "documents", error.error), error.kept) if files else error) \
             from None
+    if not training_args.should_save:  # another process of a distributed run: the main one writes the result
+        return
     with atomic_output_dir(out / "ernie", overwrite=True) as staging:
         model.save_ernie_pretrained(staging)
         tokenizer.save_pretrained(staging)

@@ -201,11 +201,30 @@ def load_labelled_pairs(path: str | Path, task: str, num_labels: int = IR_RELEVA
 
 # ----- masking spans -----------------------------------------------------------------------------------------------
 
+def words_and_pieces(tokenizer: PreTrainedTokenizerFast, texts: Sequence[str],
+                     ) -> list[tuple[list[str], list[int], list[int]]]:
+    """For each text: its words (the spans of the original text that the tokenizer's pre-tokenizer delimits, case
+    kept), its pieces' ids, and the word of each piece. Read off the fast tokenizer's own encoding (`word_ids()`,
+    `word_to_chars`), so that the words are those of any pre-tokenizer: BERT's (whitespace, punctuation apart),
+    byte-level BPE's (RoBERTa: a word with its leading space, stripped here, since a tokenizer saved with
+    `trim_offsets=False` counts it in the word's offsets), sentencepiece's (XLM-R, CamemBERT: white space only, so
+    punctuation stays on its word)."""
+    encoded = tokenizer(list(texts), add_special_tokens=False)
+    split = []
+    for index, text in enumerate(texts):
+        word_ids = encoded.word_ids(index)
+        number_of = {word: number for number, word in enumerate(dict.fromkeys(word_ids))}
+        words = []
+        for word in number_of:
+            start, end = encoded.word_to_chars(index, word)
+            words.append(text[start:end].strip())
+        split.append((words, encoded["input_ids"][index], [number_of[word] for word in word_ids]))
+    return split
+
+
 def word_splitter(tokenizer: PreTrainedTokenizerFast) -> Callable[[str], list[str]]:
-    """A function that splits a text into words as the tokenizer's pre-tokenizer does (punctuation apart), case kept.
-    """
-    pre_tokenizer = tokenizer.backend_tokenizer.pre_tokenizer
-    return lambda text: [word for word, _ in pre_tokenizer.pre_tokenize_str(text)]
+    """A function that splits a text into words as the tokenizer does (`words_and_pieces`), case kept."""
+    return lambda text: words_and_pieces(tokenizer, [text])[0][0]
 
 
 def read_lexicon(path: str | Path) -> list[str]:
@@ -358,8 +377,9 @@ class Ernie2DataBuilder:
     """Builds the examples of the ERNIE 2.0 pre-training tasks (rules in the module docstring).
 
     Args:
-        tokenizer: a BERT/ERNIE tokenizer (fast, as every transformers 5 tokenizer); documents are split into words
-            with its pre-tokenizer (`word_splitter`), so word boundaries and punctuation match its own.
+        tokenizer: a fast tokenizer (every transformers 5 tokenizer is) with [CLS]/[SEP]/[MASK] tokens or their
+            kin (BERT, ERNIE, RoBERTa's <s>, </s>, <mask>); documents are split into the words its encoding reports
+            (`words_and_pieces`), so word boundaries and punctuation match its own.
         max_length (`int`, defaults to 128): tokens per example, [CLS] and [SEP] included.
         max_reorder_segments (`int`, defaults to 3): m of sentence reordering (the model's
             `config.max_reorder_segments`).
@@ -395,11 +415,10 @@ class Ernie2DataBuilder:
     def encode(self, sentences: Sequence[str], spans: tuple[Iterable[str], Iterable[str]] | None = None,
                ) -> list[Segment]:
         """One `Segment` per sentence; with `spans` (the document's `(entities, phrases)`), its masking units too."""
-        words = [self.split_words(sentence) for sentence in sentences]
-        encoded = self.tokenizer([w or [""] for w in words], is_split_into_words=True, add_special_tokens=False)
-        return [Segment(w, encoded["input_ids"][i], encoded.word_ids(i),
-                        self.span_finder.find(w, *spans) if spans is not None else [])
-                for i, w in enumerate(words)]
+        if not sentences:  # a fast tokenizer refuses an empty batch
+            return []
+        return [Segment(words, ids, word_of_piece, self.span_finder.find(words, *spans) if spans is not None else [])
+                for words, ids, word_of_piece in words_and_pieces(self.tokenizer, sentences)]
 
     @staticmethod
     def sentence_windows(segments: Iterable[Segment], budget: int) -> list[list[Segment]]:
@@ -756,4 +775,4 @@ class Ernie2PreTrainingCollator:
 __all__ = ["DOCUMENT_TASKS", "Ernie2DataBuilder", "Ernie2PreTrainingCollator", "PAIR_TASKS", "SpanFinder",
            "capitalised_runs", "content_word_runs", "documents_from_records", "load_documents",
            "document_features", "load_labelled_pairs", "pretraining_datasets", "read_documents", "read_lexicon",
-           "stage_mixture", "task_streams", "word_splitter"]
+           "stage_mixture", "task_streams", "word_splitter", "words_and_pieces"]

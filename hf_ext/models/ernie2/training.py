@@ -40,7 +40,7 @@ from ...errors import HfExtError
 from ...glue import GLUE_LAYOUTS, glue_task, glue_task_spec, read_glue_tsv
 from ...metrics import load_metric
 from ...output import atomic_output_dir
-from ...streaming import split_for_process, train_keeping_progress
+from ...streaming import StreamReadError, split_for_process, train_keeping_progress
 from ...trainer import TermLoggingTrainer, last_complete_checkpoint, send_logs_to_stderr
 from . import PRETRAINING_TASKS, Ernie2ForPreTraining, Ernie2PreTrainingConfig
 from .configuration_ernie2 import validate_ernie_encoder
@@ -237,8 +237,13 @@ def continual_pretraining(model: Ernie2ForPreTraining, schedule: ContinualSchedu
         train_dataset: Any = datasets
         if streamed:
             seed = args.data_seed if args.data_seed is not None else args.seed
-            train_dataset = stage_mixture({task: split_for_process(cast("IterableDataset", stream), args)
-                                           for task, stream in datasets.items()}, stage, seed=seed + index)
+            try:  # mixing reads each stream's first examples: this process's part may fail there
+                train_dataset = stage_mixture({task: split_for_process(cast("IterableDataset", stream), args)
+                                               for task, stream in datasets.items()}, stage, seed=seed + index)
+            except HfExtError:
+                raise
+            except Exception as error:
+                raise StreamReadError(error) from error
         trainer = Ernie2PreTrainer(model=model, args=stage_args, stage=stage, train_dataset=train_dataset,
                                    data_collator=data_collator, stage_index=index, processing_class=processing_class,
                                    callbacks=callbacks)
@@ -276,7 +281,8 @@ def load_pretraining_model(name_or_path: str | Path, config_kwargs: dict[str, An
                            ) -> Ernie2ForPreTraining:
     """An `Ernie2ForPreTraining` from an ERNIE 2.0 pre-training folder (`from_pretrained`), from a plain `ernie`
     folder or repo, such as `hf-ext convert ernie2` writes (`from_ernie_pretrained` with `config_kwargs`), or from
-    another BERT-family encoder (BERT, MiniLM, ELECTRA: `encoders.ernie_from_bert_family`)."""
+    another BERT-family encoder (BERT, MiniLM, ELECTRA, RoBERTa, XLM-RoBERTa, CamemBERT:
+    `encoders.ernie_from_bert_family`)."""
     from transformers import AutoConfig
 
     from .encoders import ernie_from_bert_family
