@@ -550,11 +550,13 @@ def mixed_task_batches(streams: Mapping[str, "IterableDataset"], batch_size: int
     processes with the same seed draw the same tasks). A row of the result holds the batch's `task` and its rows as
     JSON text, `batch`: tasks of different shapes (a class id, a score, a tag per token, ranking groups) share one
     schema, which `interleave_datasets` needs. `StreamedBatchCollator` pads it."""
-    from datasets import interleave_datasets
+    from datasets import Features, Value, interleave_datasets
 
     tasks = list(streams)
-    batches = [streams[task].map(_batch_row, batched=True, batch_size=batch_size, remove_columns=list(STREAM_COLUMNS))
-               for task in tasks]
+    # with the features given, `interleave_datasets` reads nothing to learn them
+    features = Features({"task": Value("int64"), "batch": Value("string")})
+    batches = [streams[task].map(_batch_row, batched=True, batch_size=batch_size, remove_columns=list(STREAM_COLUMNS),
+                                 features=features) for task in tasks]
     return interleave_datasets([stream.repeat(None) for stream in batches],
                                probabilities=[probabilities[task] for task in tasks], seed=seed,
                                stopping_strategy="all_exhausted")
