@@ -547,9 +547,9 @@ def mixed_task_batches(streams: Mapping[str, "IterableDataset"], batch_size: int
     """One stream of batches of one task each: every task's stream (`read_task_stream`'s columns) cut into batches
     of `batch_size` rows (a batched `map` that emits one row per batch; the stream is read again from its start when
     used up), the task of each batch drawn with its probability (`datasets.interleave_datasets`, seeded by `seed`:
-    processes with the same seed draw the same tasks). A row of the result holds the batch's `task` and its rows as
-    JSON text, `batch`: tasks of different shapes (a class id, a score, a tag per token, ranking groups) share one
-    schema, which `interleave_datasets` needs. `StreamedBatchCollator` pads it."""
+    processes with the same seed draw the same tasks). A row of the result holds the batch's `task` and its rows'
+    columns as JSON text, `batch`: tasks of different shapes (a class id, a score, a tag per token, ranking groups)
+    share one schema, which `interleave_datasets` needs. `StreamedBatchCollator` pads it."""
     from datasets import Features, Value, interleave_datasets
 
     tasks = list(streams)
@@ -563,8 +563,7 @@ def mixed_task_batches(streams: Mapping[str, "IterableDataset"], batch_size: int
 
 
 def _batch_row(rows: dict[str, list[Any]]) -> dict[str, list[Any]]:
-    return {"task": rows["task"][:1],
-            "batch": [json.dumps({column: rows[column] for column in STREAM_COLUMNS if column != "task"})]}
+    return {"task": rows["task"][:1], "batch": [json.dumps({column: rows[column] for column in STREAM_COLUMNS})]}
 
 
 class StreamedBatchCollator:
@@ -577,7 +576,7 @@ class StreamedBatchCollator:
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         (row,) = rows
         columns = json.loads(row["batch"])
-        return self.collator([{**dict(zip(columns, values, strict=True)), "task": row["task"]}
+        return self.collator([dict(zip(columns, values, strict=True))
                               for values in zip(*columns.values(), strict=True)])
 
 
