@@ -162,6 +162,8 @@ class MTDNNTrainer(TermLoggingTrainer):
         streamed = isinstance(train_dataset, Mapping) and any(map(is_stream, train_dataset.values()))
         probabilities = None
         if streamed:
+            if not all(map(is_stream, train_dataset.values())):
+                raise ValueError("give every task's training data as a stream, or none")
             if args is None or args.max_steps <= 0:
                 raise ValueError("streamed task data has no length: give args with max_steps")
             if mix_opt:
