@@ -244,6 +244,8 @@ COMMAND_CASES = {
         "dataset"),
     "streamed mtdnn train from a shard that stops being JSON halfway": (lambda tmp, folder: streamed_train(
         tmp, folder, sst_shards(tmp, damaged=True)), 1, "shard-1.jsonl, line 4: not JSON ("),
+    "streamed mtdnn train from an empty shard": (lambda tmp, folder: streamed_train(
+        tmp, folder, written(tmp / "sst.jsonl", "")), 1, "sst.jsonl: no rows"),
     "streamed mtdnn train from a GLUE .tsv file": (lambda tmp, folder: streamed_train(
         tmp, folder, written(tmp / "sst.tsv", "sentence\tlabel\na man\t1\n")), 1,
         "a stream reads the original's preprocessed JSON lines (.json, .jsonl, also gzipped), not this file"),

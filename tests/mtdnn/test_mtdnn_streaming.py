@@ -23,7 +23,7 @@ from hf_ext.models.mtdnn.data import (
     read_task_stream,
     stream_task_probabilities,
 )
-from hf_ext.models.mtdnn.training import train_mtdnn
+from hf_ext.models.mtdnn.training import MTDNNTrainer, train_mtdnn
 from hf_ext.trainer import training_arguments
 
 
@@ -97,6 +97,13 @@ def test_task_probabilities_are_the_given_weights_the_sizes_where_known_or_equal
                            ({"cls": 1, "sts": 0, "rank": 1}, "must be positive")]:
         with pytest.raises(ValueError, match=message):
             stream_task_probabilities(streams, given)
+
+
+def test_a_process_whose_part_of_a_task_stream_has_no_rows_is_refused(tmp_path):
+    streams = {"cls": task_stream("cls", 0, 2), "sts": task_stream("sts", 1, 2).filter(lambda row: False)}
+    with pytest.raises(HfExtError, match="the training data of task sts gives process 0 of 1 no rows"):
+        MTDNNTrainer(MTDNNModel(tiny_config()), training_arguments(tmp_path, max_steps=2, use_cpu=True),
+                     train_dataset=streams)
 
 
 class StopAt(TrainerCallback):
