@@ -275,6 +275,9 @@ def _fail(prog, message, code=1):
     return code
 
 
+DATASETS_JSON_LOGGER = "datasets.packaged_modules.json.json"
+
+
 def configure_logging(verbosity: int = 0) -> None:
     """hf-ext's own log lines on stderr: progress and warnings (0), warnings only (-1, `--quiet`). transformers'
     notices are off (a command reports what matters itself) unless TRANSFORMERS_VERBOSITY sets their level or
@@ -291,6 +294,8 @@ def configure_logging(verbosity: int = 0) -> None:
         hf_ext_logger.addHandler(StderrLines())
     hf_ext_logger.setLevel(pylogging.WARNING if verbosity < 0 else pylogging.INFO)
     hf_ext_logger.propagate = False
+    # the error line of datasets' JSON reader before it raises: the command's own error names the file and line
+    pylogging.getLogger(DATASETS_JSON_LOGGER).setLevel(pylogging.NOTSET if verbosity > 0 else pylogging.CRITICAL)
 
 
 class StderrLines(pylogging.Handler):

@@ -85,17 +85,21 @@ def load_json_source(source: str | Path, what: str, streaming: bool = False, fea
 
 def corpus_error(files: list[str], what: str, error: BaseException) -> HfExtError:
     """The error line for a failure while reading the JSON-lines `files`: the first line that is not JSON (file and
-    line number; the `json` builder's parser only names its block), else the reader's own message. Reads the files
-    again, line by line: only on this failure path."""
+    line number; the `json` builder's parser only names its block), files without a row, else the reader's own
+    message. Reads the files again, line by line: only on this failure path."""
+    rows = 0
     for file in files:
         with (gzip.open if file.endswith(".gz") else open)(file, "rt", encoding="utf-8", errors="replace") as lines:
             for number, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
+                rows += 1
                 try:
                     json.loads(line)
                 except json.JSONDecodeError as decode_error:
                     return HfExtError(f"{what} {file}, line {number}: not JSON ({decode_error.msg})")
+    if not rows:  # the `json` builder finds no row to learn the columns from
+        return HfExtError(f"{what} {', '.join(files)}: no rows")
     return HfExtError(f"cannot read the {what}: {one_line(error)}")
 
 

@@ -156,6 +156,29 @@ CONVERSION_CASES = {
 }
 
 
+def sst_shards(tmp, damaged=False):
+    """Two shards of 16 rows of the sample model's sst task; with `damaged`, line 4 of the second stops being JSON
+    (read ahead before the first step; tests/mtdnn/test_mtdnn_streaming.py checks the steps kept before such a line
+    and the resumed run)."""
+    import json
+
+    folder = tmp / "sst"
+    folder.mkdir()
+    for shard in range(2):
+        lines = [json.dumps({"uid": f"{shard}-{i}", "label": i % 2, "token_id": [2, 5 + i % 2, 3],
+                             "type_id": [0, 0, 0]}) for i in range(16)]
+        if damaged and shard == 1:
+            lines[3] = '{"uid": "cut'
+        (folder / f"shard-{shard}.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def streamed_train(tmp, folder, source, *extra):
+    """`hf-ext mtdnn train --streaming` of the sample model's sst task from `source`."""
+    return ["mtdnn", "train", folder, "--train", f"sst={source}", "--output-dir", tmp / "out", "--streaming",
+            "--max-steps", "4", *extra]
+
+
 # the commands run on this model folder (a fixture of tests/mtdnn/fixtures_mtdnn.py)
 COMMAND_FOLDER = "mtdnn_sample_folder"
 
@@ -209,4 +232,43 @@ COMMAND_CASES = {
     "distill on a CUDA device the machine lacks": (lambda tmp, folder: [
         "mtdnn", "distill", folder, "--teacher", folder, "--train", "a=b.tsv", "--output-dir", tmp / "out",
         "--device", "cuda:99"], 2, "argument --device: cuda:99: "),
+    # --streaming (hf_ext.models.mtdnn.data.read_task_stream, hf_ext.streaming)
+    "streamed mtdnn train from a folder without shards": (lambda tmp, folder: streamed_train(
+        tmp, folder, (tmp / "sst").mkdir() or tmp / "sst"), 1, "sst holds no shards (*.jsonl, *.json, *.jsonl.gz"),
+    "streamed mtdnn train from a shard that does not exist": (lambda tmp, folder: streamed_train(
+        tmp, folder, tmp / "gone.jsonl"), 1, "gone.jsonl does not exist"),
+    "streamed mtdnn train from a glob matching no shard": (lambda tmp, folder: streamed_train(
+        tmp, folder, tmp / "sst-*.jsonl"), 1, "no sst training data shard matches"),
+    "streamed mtdnn train from a Hub dataset while offline": (lambda tmp, folder: streamed_train(
+        tmp, folder, "someone/sst"), 1, "sst training data someone/sst is neither a local path nor a reachable Hub "
+        "dataset"),
+    "streamed mtdnn train from a shard that stops being JSON halfway": (lambda tmp, folder: streamed_train(
+        tmp, folder, sst_shards(tmp, damaged=True)), 1, "shard-1.jsonl, line 4: not JSON ("),
+    "streamed mtdnn train from an empty shard": (lambda tmp, folder: streamed_train(
+        tmp, folder, written(tmp / "sst.jsonl", "")), 1, "sst.jsonl: no rows"),
+    "streamed mtdnn train from a GLUE .tsv file": (lambda tmp, folder: streamed_train(
+        tmp, folder, written(tmp / "sst.tsv", "sentence\tlabel\na man\t1\n")), 1,
+        "a stream reads the original's preprocessed JSON lines (.json, .jsonl, also gzipped), not this file"),
+    "streamed mtdnn train without --max-steps": (lambda tmp, folder: streamed_train(
+        tmp, folder, sst_shards(tmp))[:-2], 1, "--streaming needs --max-steps (a stream has no length)"),
+    "streamed mtdnn train with --mix-opt 1": (lambda tmp, folder: streamed_train(
+        tmp, folder, sst_shards(tmp), "--mix-opt", "1"), 1, "--mix-opt 1 orders the batches of an epoch"),
+    "streamed mtdnn train keeping the best checkpoint": (lambda tmp, folder: streamed_train(
+        tmp, folder, sst_shards(tmp), "--eval", "sst=dev.json", "--eval-steps", "2", "--metric-for-best-model",
+        "sst_accuracy"), 1, "--metric-for-best-model keeps the best checkpoint of a map-style run"),
+    "task probabilities without --streaming": (lambda tmp, folder: [
+        "mtdnn", "train", folder, "--train", "sst=a.json", "--output-dir", tmp / "out", "--task-probabilities",
+        "sst=1"], 1, "--task-probabilities needs --streaming"),
+    "task probabilities missing a task": (lambda tmp, folder: streamed_train(
+        tmp, folder, sst_shards(tmp), "--train", "sts=b.json", "--task-probabilities", "sst=1"), 1,
+        "--task-probabilities names each --train task once (sst, sts), got sst"),
+    "task probabilities of zero": (lambda tmp, folder: streamed_train(
+        tmp, folder, sst_shards(tmp), "--task-probabilities", "sst=0"), 1,
+        "--task-probabilities sst=0: must be a finite number > 0"),
+    "task probabilities and a ratio": (lambda tmp, folder: streamed_train(
+        tmp, folder, sst_shards(tmp), "--task-probabilities", "sst=1", "--ratio", "0.5"), 1,
+        "--task-probabilities and --ratio both set the tasks' shares: give one"),
+    "checkpoint steps without --streaming": (lambda tmp, folder: [
+        "mtdnn", "train", folder, "--train", "sst=a.json", "--output-dir", tmp / "out", "--save-steps", "5"], 1,
+        "--save-steps needs --streaming"),
 }

@@ -4,6 +4,7 @@ evaluation and best-checkpoint selection, LoRA, SMART adversarial training, and 
 
 import argparse
 import dataclasses
+import math
 
 from ...arguments import fraction, nonnegative_float, number_in, positive_float, positive_int
 from ...cli_utils import (
@@ -16,7 +17,7 @@ from ...cli_utils import (
     run_reporting_settings,
     training_device_settings,
 )
-from ...errors import require
+from ...errors import HfExtError, require
 from . import conversion
 from .configuration_mtdnn import SPAN_TASK_TYPES, max_input_length
 from .smart import SMART_TASK_TYPES, SmartSettings
@@ -30,6 +31,8 @@ DEFAULT_WARMUP = 0.1
 DEFAULT_MAX_GRAD_NORM = 1.0
 DEFAULT_SEED = 2018
 DEFAULT_MAX_LENGTH = 512
+DEFAULT_SAVE_STEPS = 500  # --streaming
+CHECKPOINTS_SUFFIX = "-checkpoints"  # OUTPUT_DIR-checkpoints/: a streamed run's Trainer checkpoints, until it ends
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -42,6 +45,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                               "the original's sampler does; per-task metrics (GLUE's, entity F1, SQuAD's) on the "
                               "--eval data; saves the model (or the LoRA adapter with the heads) and the tokenizer.")
     _add_training_arguments(parser)
+    _add_streaming_arguments(parser)
     parser.set_defaults(handler=_train)
     parser = tools.add_parser("distill", help="train a student on hard labels plus the teachers' soft targets",
                               description="Knowledge distillation (MT-DNN-KD): the soft target of every training row "
@@ -55,7 +59,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                         "between the head's output and the soft targets")
     parser.add_argument("--kd-weight", type=positive_float, default=1.0,
                         help="weight of the distillation term added to the task loss (default 1.0)")
-    parser.set_defaults(handler=_distill)
+    parser.set_defaults(handler=_distill, streaming=False, task_probabilities=[], save_steps=None)
 
 
 def _add_training_arguments(parser):
@@ -122,6 +126,24 @@ def _add_training_arguments(parser):
     add_run_reporting_arguments(parser)
 
 
+def _add_streaming_arguments(parser):
+    streaming = parser.add_argument_group("streamed training data, for data larger than memory (docs/scale.md)")
+    streaming.add_argument("--streaming", action="store_true",
+                           help="read each --train PATH as a stream while training: the original's preprocessed "
+                           "JSON lines in a file, a folder of shards (*.jsonl, *.json, also gzipped), a glob or a "
+                           "Hub dataset id; each process reads its own part; every batch holds one task, the task "
+                           "drawn by --task-probabilities (or --ratio); needs --max-steps")
+    streaming.add_argument("--task-probabilities", action="append", default=[], metavar="TASK=P",
+                           help="with --streaming: the share of each task's batches (name every --train task once; "
+                           "normalised to sum to 1). Default: proportional to the tasks' sizes where every source "
+                           "records them (a Hub dataset's split sizes), else equal shares; --ratio R instead gives "
+                           "the first task 1/(1+R) and the others the rest")
+    streaming.add_argument("--save-steps", type=positive_int,
+                           help=f"with --streaming: checkpoint every N steps (default {DEFAULT_SAVE_STEPS}), with "
+                           f"each process's stream position, into OUTPUT_DIR{CHECKPOINTS_SUFFIX}/; running the same "
+                           "command again resumes from the newest complete checkpoint there and reads on where it "
+                           "stopped; the folder is removed when the run ends")
+
 
 # SmartSettings' fields as the original train.py's --adv_* options (defaults are the fields'): field, type, help
 SMART_OPTIONS = (
@@ -137,8 +159,6 @@ SMART_OPTIONS = (
 
 def _smart_settings(args):
     """`SmartSettings` from --adv-train and the --adv-* options (None without --adv-train)."""
-    from ...errors import HfExtError
-
     given = {name: getattr(args, f"adv_{name}") for name, *_ in SMART_OPTIONS
              if getattr(args, f"adv_{name}") is not None}
     if not args.adv_train:
@@ -177,11 +197,42 @@ def _check_arguments(args):
     return train, evaluation, dict(_pairs(args.layout, "--layout"))
 
 
+def _task_probabilities(args, tasks):
+    """`{task: weight}` of --task-probabilities (None without it), after the streaming options are checked against
+    each other."""
+    if not args.streaming:
+        require(not args.task_probabilities, "--task-probabilities needs --streaming (map-style runs mix their tasks "
+                "by --mix-opt and --ratio)")
+        require(args.save_steps is None, "--save-steps needs --streaming (a map-style run keeps no checkpoints "
+                "between runs)")
+        return None
+    require(args.max_steps, "--streaming needs --max-steps (a stream has no length)")
+    require(args.mix_opt == 0, "--mix-opt 1 orders the batches of an epoch (the main task last), a stream has no "
+            "epochs: give --ratio or --task-probabilities")
+    require(not args.metric_for_best_model, "--metric-for-best-model keeps the best checkpoint of a map-style run, "
+            "not of a --streaming one")
+    if not args.task_probabilities:
+        return None
+    require(args.ratio == 0, "--task-probabilities and --ratio both set the tasks' shares: give one")
+    pairs = _pairs(args.task_probabilities, "--task-probabilities")
+    named = [task for task, _ in pairs]
+    require(sorted(named) == sorted(tasks), f"--task-probabilities names each --train task once "
+            f"({', '.join(tasks)}), got {', '.join(named)}")
+    weights = {}
+    for task, value in pairs:
+        try:
+            weights[task] = float(value)
+        except ValueError:
+            raise HfExtError(f"--task-probabilities {task}={value}: not a number") from None
+        require(math.isfinite(weights[task]) and weights[task] > 0,
+                f"--task-probabilities {task}={value}: must be a finite number > 0")
+    return weights
+
+
 def _load_model(args, tasks):
     """The model to train: an MT-DNN model, or (--task-def) an encoder of any type with new heads for `tasks`."""
     from transformers import AutoModel
 
-    from ...errors import HfExtError
     from ...loading import load_config, loading
     from . import MTDNNConfig, MTDNNModel
     from .configuration_mtdnn import check_encoder
@@ -210,8 +261,6 @@ def _load_model(args, tasks):
 
 def _load_tokenizer(args):
     from transformers import AutoTokenizer
-
-    from ...errors import HfExtError
 
     source = args.tokenizer or args.model
     try:
@@ -272,16 +321,20 @@ def _evaluations(config, eval_files, metrics):
 
 
 def _run(args, distill=False):
-    from ...errors import HfExtError
+    import shutil
+    from pathlib import Path
+
     from ...hub import write_training_card
     from ...lora import add_lora
     from ...output import check_output_dir
+    from ...streaming import StreamReadError, corpus_error, data_files
     from ...trainer import print_summary, save_training_run, training_arguments, training_output
-    from .data import load_task_files
+    from .data import load_task_files, read_task_stream
     from .training import task_metric_names, train_mtdnn
 
     device_settings = training_device_settings(args)
     train_files, eval_files, layouts = _check_arguments(args)
+    task_probabilities = _task_probabilities(args, [task for task, _ in train_files])
     smart = _smart_settings(args)
     check_output_dir(args.output_dir, args.overwrite)
     tasks = list(dict.fromkeys([task for task, _ in train_files] + [task for task, _, _ in eval_files]))
@@ -298,14 +351,17 @@ def _run(args, distill=False):
         require(not unsupported, f"--adv-train covers {', '.join(SMART_TASK_TYPES)} tasks (as the original's "
                 f"SmartPerturbation), not {', '.join(unsupported)}")
     tokenizer = None
-    files = [(task, path) for task, path in train_files] + [(task, path) for task, _, path in eval_files]
+    # streams are the original's preprocessed JSON lines: only --eval files may be text to tokenize
+    files = ([] if args.streaming else list(train_files)) + [(task, path) for task, _, path in eval_files]
     if any(not path.lower().endswith((".json", ".jsonl")) or types[task] in SPAN_TASK_TYPES
            for task, path in files):  # text to tokenize
         tokenizer = _load_tokenizer(args)
-    train, evaluation = load_task_files(config, train_files, eval_files, tokenizer,
+    train, evaluation = load_task_files(config, [] if args.streaming else train_files, eval_files, tokenizer,
                                         min(args.max_length, max_input_length(config.encoder) or args.max_length),
                                         layouts,
                                         args.doc_stride)
+    if args.streaming:
+        train = {task: read_task_stream(path, config, task) for task, path in train_files}
     try:
         known = [f"{name}_{metric}" for task, name, _ in eval_files
                  for metric in ["loss", *task_metric_names(config.task(task))]]
@@ -318,24 +374,36 @@ def _run(args, distill=False):
         model = add_lora(model, r=args.lora_r, lora_alpha=args.lora_alpha or 2 * args.lora_r,
                          lora_dropout=args.lora_dropout)
 
-    strategy = ("steps" if args.eval_steps else "epoch") if evaluation else "no"
+    # a stream has no epochs: evaluation every --eval-steps, and after training
+    strategy = ("steps" if args.eval_steps else "no" if args.streaming else "epoch") if evaluation else "no"
+    checkpoints = Path(f"{args.output_dir}{CHECKPOINTS_SUFFIX}")
+    saving = {"save_strategy": "steps", "save_steps": args.save_steps or DEFAULT_SAVE_STEPS, "save_total_limit": 2} \
+        if args.streaming else {"save_strategy": strategy if args.metric_for_best_model else "no",
+                                "save_total_limit": 1}
     with training_output(args.output_dir, args.overwrite) as (staging, scratch):
         training_args = training_arguments(
-            scratch, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
+            checkpoints if args.streaming else scratch, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
             per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.eval_batch_size,
             learning_rate=args.learning_rate, warmup_steps=args.warmup, max_grad_norm=args.max_grad_norm,
             logging_steps=args.logging_steps, seed=args.seed, eval_strategy=strategy, eval_steps=args.eval_steps,
-            save_strategy=strategy if args.metric_for_best_model else "no", save_total_limit=1,
             load_best_model_at_end=bool(args.metric_for_best_model), metric_for_best_model=args.metric_for_best_model,
-            **run_reporting_settings(args), **device_settings)
-        trainer = train_mtdnn(model, train, evaluation, training_args, teachers=teachers,
-                              teacher_batch_size=args.eval_batch_size, log_to_stderr=True, mix_opt=args.mix_opt,
-                              ratio=args.ratio, optimizer_name=args.optimizer, smart=smart,
-                              **({"kd_loss": args.kd_loss, "kd_weight": args.kd_weight} if distill else {}))
+            **saving, **run_reporting_settings(args), **device_settings)
+        try:
+            trainer = train_mtdnn(model, train, evaluation, training_args, teachers=teachers,
+                                  teacher_batch_size=args.eval_batch_size, log_to_stderr=True, mix_opt=args.mix_opt,
+                                  ratio=args.ratio, optimizer_name=args.optimizer, smart=smart,
+                                  task_probabilities=task_probabilities,
+                                  **({"kd_loss": args.kd_loss, "kd_weight": args.kd_weight} if distill else {}))
+        except StreamReadError as error:  # name the shard and line that failed
+            shards = [file for _, path in train_files for file in data_files(path, "training data") or []]
+            raise (StreamReadError(corpus_error(shards, "training data", error.error), error.kept) if shards
+                   else error) from None
         del teachers
         metrics = trainer.evaluate() if evaluation else {}
         save_training_run(staging, trainer, tokenizer, metrics, model=model)  # LoRA: the adapter and the heads
         write_training_card(staging, args.output_dir, args, f"hf-ext mtdnn {'distill' if distill else 'train'}",
                             args.model, trainer.state.log_history, _evaluations(config, eval_files, metrics))
+    if args.streaming:
+        shutil.rmtree(checkpoints, ignore_errors=True)
     print_summary(args.output_dir, trainer, best_metric=trainer.state.best_metric,
                   eval={key: value for key, value in metrics.items() if not key.endswith(("_runtime", "_per_second"))})

@@ -8,6 +8,7 @@ Collater), `experiments/glue/glue_utils.py` (the TSV layouts), `prepro_std.py` (
 
 import bisect
 import itertools
+import json
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -31,7 +32,7 @@ from .token_tasks import (
 )
 
 if TYPE_CHECKING:  # datasets is imported only when used
-    from datasets import Dataset
+    from datasets import Dataset, IterableDataset
 
 logger = logging.get_logger(__name__)
 
@@ -70,55 +71,16 @@ def load_mtdnn_json(path: str | Path, config: MTDNNConfig, task: str | int, max_
     if spec["type"] in SPAN_TASK_TYPES:
         raise HfExtError(f"{path}: span task {spec['name']} reads SQuAD data (a SQuAD .json file or .jsonl rows "
                          "with question, context and answers), not preprocessed token ids")
-    vocab_size = config.encoder.vocab_size
-    positions = max_input_length(config.encoder)
-    ranking = spec["type"] == "ranking"
-    pairs = spec["data_format"] in PAIR_FORMATS  # segment 1 holds the hypothesis
     columns: dict[str, list[Any]] = {"input_ids": [], "token_type_ids": [], "attention_mask": [], "labels": [],
                                      "soft_labels": []}
     dropped = 0
     for where, sample in json_lines(path, "JSON-lines file"):
-        if not isinstance(sample, dict) or "token_id" not in sample or "type_id" not in sample:
-            raise HfExtError(f"{where}: a row needs token_id and type_id (the original's prepro_std.py format)")
-        ids, types = sample["token_id"], sample["type_id"]
-        mask = sample.get("attention_mask")
-        if ranking:
-            if not (isinstance(ids, list) and len(ids) == spec["group_size"] and all(isinstance(r, list) for r in ids)):
-                raise HfExtError(f"{where}: ranking task {spec['name']} needs {spec['group_size']} candidate token "
-                                 "lists per row")
-            groups, type_groups = ids, types
-            mask = mask if mask is not None else [[1] * len(row) for row in ids]
-            mask_groups = mask
-        else:
-            groups, type_groups = [ids], [types]
-            mask = mask if mask is not None else [1] * len(ids) if isinstance(ids, list) else None
-            mask_groups = [mask]
-        if not (isinstance(type_groups, list) and isinstance(mask_groups, list)
-                and len(groups) == len(type_groups) == len(mask_groups)):
-            raise HfExtError(f"{where}: token_id, type_id and attention_mask must have the same layout")
-        for row, row_types, row_mask in zip(groups, type_groups, mask_groups, strict=True):
-            if not (isinstance(row, list) and row and all(isinstance(t, int) for t in row)
-                    and isinstance(row_types, list) and isinstance(row_mask, list)
-                    and len(row) == len(row_types) == len(row_mask)):
-                raise HfExtError(f"{where}: token_id, type_id and attention_mask must be equally long lists of ids")
-            if max(row) >= vocab_size or min(row) < 0:
-                raise HfExtError(f"{where}: token id {max(row)} is outside the model's vocabulary of {vocab_size}")
-            if any(row_types) != pairs:
-                raise HfExtError(f"{where}: a {'single sentence' if pairs else 'sentence pair'} where task "
-                                 f"{spec['name']} reads {spec['data_format']} rows (see type_id)")
-        longest = max(len(row) for row in groups)
-        if max_length is not None and longest > max_length:
+        row = _json_row(sample, spec, config, where, max_length)
+        if row is None:
             dropped += 1
             continue
-        if positions is not None and longest > positions:
-            raise HfExtError(f"{where}: {longest} tokens, more than the {positions} the model's positions hold")
-        if "label" in sample:
-            columns["labels"].append(_json_label(sample["label"], spec, where, len(ids)))
-        if "softlabel" in sample:
-            columns["soft_labels"].append(_soft_label(sample["softlabel"], spec, where))
-        columns["input_ids"].append(ids)
-        columns["token_type_ids"].append(types)
-        columns["attention_mask"].append(mask)
+        for name, value in row.items():
+            columns[name].append(value)
     count = len(columns["input_ids"])
     if not count:
         limit = f" of at most {max_length} tokens" if dropped else ""
@@ -131,6 +93,55 @@ def load_mtdnn_json(path: str | Path, config: MTDNNConfig, task: str | int, max_
     if dropped:
         logger.warning(f"{path}: dropped {dropped} row(s) longer than {max_length} tokens")
     return Dataset.from_dict({**columns, "task": [index] * count})
+
+
+def _json_row(sample: object, spec: dict[str, Any], config: MTDNNConfig, where: str, max_length: int | None = None,
+              ) -> dict[str, Any] | None:
+    """One row of the original's JSON lines as the model's columns (`labels` and `soft_labels` where the row has a
+    `label` and a `softlabel`), checked against the task `spec` of `config`; None for a row longer than
+    `max_length`. `where` names the row in errors."""
+    if not isinstance(sample, dict) or "token_id" not in sample or "type_id" not in sample:
+        raise HfExtError(f"{where}: a row needs token_id and type_id (the original's prepro_std.py format)")
+    vocab_size = config.encoder.vocab_size
+    pairs = spec["data_format"] in PAIR_FORMATS  # segment 1 holds the hypothesis
+    ids, types = sample["token_id"], sample["type_id"]
+    mask = sample.get("attention_mask")
+    if spec["type"] == "ranking":
+        if not (isinstance(ids, list) and len(ids) == spec["group_size"] and all(isinstance(r, list) for r in ids)):
+            raise HfExtError(f"{where}: ranking task {spec['name']} needs {spec['group_size']} candidate token "
+                             "lists per row")
+        groups, type_groups = ids, types
+        mask = mask if mask is not None else [[1] * len(row) for row in ids]
+        mask_groups = mask
+    else:
+        groups, type_groups = [ids], [types]
+        mask = mask if mask is not None else [1] * len(ids) if isinstance(ids, list) else None
+        mask_groups = [mask]
+    if not (isinstance(type_groups, list) and isinstance(mask_groups, list)
+            and len(groups) == len(type_groups) == len(mask_groups)):
+        raise HfExtError(f"{where}: token_id, type_id and attention_mask must have the same layout")
+    for row, row_types, row_mask in zip(groups, type_groups, mask_groups, strict=True):
+        if not (isinstance(row, list) and row and all(isinstance(t, int) for t in row)
+                and isinstance(row_types, list) and isinstance(row_mask, list)
+                and len(row) == len(row_types) == len(row_mask)):
+            raise HfExtError(f"{where}: token_id, type_id and attention_mask must be equally long lists of ids")
+        if max(row) >= vocab_size or min(row) < 0:
+            raise HfExtError(f"{where}: token id {max(row)} is outside the model's vocabulary of {vocab_size}")
+        if any(row_types) != pairs:
+            raise HfExtError(f"{where}: a {'single sentence' if pairs else 'sentence pair'} where task "
+                             f"{spec['name']} reads {spec['data_format']} rows (see type_id)")
+    longest = max(len(row) for row in groups)
+    if max_length is not None and longest > max_length:
+        return None
+    positions = max_input_length(config.encoder)
+    if positions is not None and longest > positions:
+        raise HfExtError(f"{where}: {longest} tokens, more than the {positions} the model's positions hold")
+    columns = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+    if "label" in sample:
+        columns["labels"] = _json_label(sample["label"], spec, where, len(ids))
+    if "softlabel" in sample:
+        columns["soft_labels"] = _soft_label(sample["softlabel"], spec, where)
+    return columns
 
 
 def _json_label(value, spec, where, length):
@@ -457,6 +468,119 @@ def _copy_generator(generator):
     return copy
 
 
-__all__ = ["MTDNNCollator", "MultiTaskBatchSampler", "MultiTaskDataset", "load_glue_tsv", "load_mtdnn_json",
-           "load_sequence_labeling_file", "load_squad_file", "load_task_file", "load_task_files", "mixed_task_order",
-           "soft_label_width"]
+# ----- streamed training data ------------------------------------------------------------------------------------
+
+STREAM_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+# the columns of a streamed task's rows (`read_task_stream`), which `mixed_task_batches` batches
+STREAM_COLUMNS = ("input_ids", "token_type_ids", "attention_mask", "labels", "task")
+
+
+def read_task_stream(source: str | Path, config: MTDNNConfig, task: str | int) -> "IterableDataset":
+    """The training data of one task as a `datasets.IterableDataset` read while training: the original's
+    preprocessed JSON lines (`load_mtdnn_json`'s rows, each with a `label`) in a file, a folder of shards, a glob or
+    a Hub dataset with those columns (`hf_ext.streaming.load_json_source`). Rows are checked as they are read, as
+    `load_mtdnn_json` checks them, and named by their `uid` in errors; a `softlabel` is not read. Sequence labeling,
+    classification, regression and ranking tasks; span tasks read SQuAD text, which streams do not tokenize."""
+    from ...streaming import load_json_source
+
+    spec, index = _task(config, task)
+    name = spec["name"]
+    if spec["type"] in SPAN_TASK_TYPES:
+        raise HfExtError(f"span task {name} reads SQuAD data, which --streaming does not read (streams hold the "
+                         "original's preprocessed JSON lines)")
+    if Path(source).is_file() and not str(source).lower().endswith(STREAM_SUFFIXES):
+        raise HfExtError(f"{source}: a stream reads the original's preprocessed JSON lines (.json, .jsonl, also "
+                         "gzipped), not this file")
+    rows = load_json_source(source, f"{name} training data", streaming=True)
+
+    def encode(sample: dict[str, Any]) -> dict[str, Any]:
+        where = f"{name} training data, row uid {sample['uid']!r}" if "uid" in sample else f"{name} training data"
+        if sample.get("label") is None:
+            raise HfExtError(f"{where}: a training row needs a label")
+        row = _json_row(sample, spec, config, where)
+        assert row is not None  # only a max_length drops rows
+        row.pop("soft_labels", None)
+        return {**row, "task": index}
+
+    # row by row: a batched map would read rows ahead of the batches trained (past a shard that fails)
+    return rows.map(encode, remove_columns=rows.column_names)
+
+
+def stream_task_probabilities(streams: Mapping[str, "IterableDataset"], given: Mapping[str, float] | None = None,
+                              ratio: float = 0.0) -> dict[str, float]:
+    """The probability of each task's batches in a mixed stream (`mixed_task_batches`), in the order of `streams`:
+
+    - `given` (`{task: weight}`, every task once): the weights, normalised to sum to 1;
+    - else proportional to the tasks' sizes where every stream knows its number of rows (a Hub dataset whose card
+      records its split sizes), as the paper's scheme draws tasks in proportion to their batches; equal shares where
+      a stream does not (local JSON-lines shards);
+    - `ratio > 0`, the original's `--ratio` (per epoch, the main task's batches plus `ratio` times as many of the
+      others): the first (main) task gets `1 / (1 + ratio)`, the others share the rest in the proportions above."""
+    tasks = list(streams)
+    if given is not None:
+        if sorted(given) != sorted(tasks):
+            raise ValueError(f"task probabilities must name each task once ({', '.join(tasks)}), got "
+                             f"{', '.join(given)}")
+        if not all(weight > 0 for weight in given.values()):
+            raise ValueError("task probabilities must be positive")
+        if ratio > 0:
+            raise ValueError("give task probabilities or a ratio, not both")
+        weights = [float(given[task]) for task in tasks]
+    else:
+        sizes = [size for size in map(_known_rows, streams.values()) if size]
+        weights = [float(size) for size in sizes] if len(sizes) == len(tasks) else [1.0] * len(tasks)
+    if ratio > 0 and len(tasks) > 1:
+        others = sum(weights[1:])
+        weights = [1.0, *(ratio * weight / others for weight in weights[1:])]
+    total = sum(weights)
+    return {task: weight / total for task, weight in zip(tasks, weights, strict=True)}
+
+
+def _known_rows(stream: "IterableDataset") -> int | None:
+    splits = stream.info.splits
+    split = splits.get(str(stream.split)) if splits and stream.split is not None else None
+    return split.num_examples if split is not None and split.num_examples else None
+
+
+def mixed_task_batches(streams: Mapping[str, "IterableDataset"], batch_size: int, probabilities: Mapping[str, float],
+                       seed: int = 0) -> "IterableDataset":
+    """One stream of batches of one task each: every task's stream (`read_task_stream`'s columns) cut into batches
+    of `batch_size` rows (a batched `map` that emits one row per batch; the stream is read again from its start when
+    used up), the task of each batch drawn with its probability (`datasets.interleave_datasets`, seeded by `seed`:
+    processes with the same seed draw the same tasks). A row of the result holds the batch's `task` and its rows'
+    columns as JSON text, `batch`: tasks of different shapes (a class id, a score, a tag per token, ranking groups)
+    share one schema, which `interleave_datasets` needs. `StreamedBatchCollator` pads it."""
+    from datasets import Features, Value, interleave_datasets
+
+    tasks = list(streams)
+    # with the features given, `interleave_datasets` reads nothing to learn them
+    features = Features({"task": Value("int64"), "batch": Value("string")})
+    batches = [streams[task].map(_batch_row, batched=True, batch_size=batch_size, remove_columns=list(STREAM_COLUMNS),
+                                 features=features) for task in tasks]
+    return interleave_datasets([stream.repeat(None) for stream in batches],
+                               probabilities=[probabilities[task] for task in tasks], seed=seed,
+                               stopping_strategy="all_exhausted")
+
+
+def _batch_row(rows: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    return {"task": rows["task"][:1], "batch": [json.dumps({column: rows[column] for column in STREAM_COLUMNS})]}
+
+
+class StreamedBatchCollator:
+    """Collates what a data loader takes, one row at a time, from `mixed_task_batches`: the batch of one task that
+    the row holds, as `collator` (an `MTDNNCollator`) pads a list of rows."""
+
+    def __init__(self, collator: Any) -> None:
+        self.collator = collator
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        (row,) = rows
+        columns = json.loads(row["batch"])
+        return self.collator([dict(zip(columns, values, strict=True))
+                              for values in zip(*columns.values(), strict=True)])
+
+
+__all__ = ["MTDNNCollator", "MultiTaskBatchSampler", "MultiTaskDataset", "StreamedBatchCollator", "load_glue_tsv",
+           "load_mtdnn_json", "load_sequence_labeling_file", "load_squad_file", "load_task_file", "load_task_files",
+           "mixed_task_batches", "mixed_task_order", "read_task_stream", "soft_label_width",
+           "stream_task_probabilities"]

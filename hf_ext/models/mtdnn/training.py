@@ -4,7 +4,7 @@ task mixing (`data.py`), knowledge distillation from teacher ensembles (MT-DNN-K
 the encoder, and `train_mtdnn`, the run of `hf-ext mtdnn train` and `hf-ext mtdnn distill`.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any, cast
 
@@ -14,21 +14,32 @@ from accelerate.data_loader import prepare_data_loader
 from torch.utils.data import DataLoader
 from transformers import TrainingArguments
 from transformers.trainer_utils import EvalLoopOutput
-from transformers.utils import ModelOutput
+from transformers.utils import ModelOutput, logging
 
+from ...errors import HfExtError
 from ...lora import unwrap
 from ...metrics import load_metric
-from ...trainer import TermLoggingTrainer, send_logs_to_stderr, training_arguments
+from ...streaming import StreamReadError, is_stream, split_for_process, stream_dataloader, train_keeping_progress
+from ...trainer import TermLoggingTrainer, last_complete_checkpoint, send_logs_to_stderr, training_arguments
 from .configuration_mtdnn import SPAN_TASK_TYPES, TOKEN_TASK_TYPES
-from .data import MTDNNCollator, MultiTaskBatchSampler, MultiTaskDataset
+from .data import (
+    MTDNNCollator,
+    MultiTaskBatchSampler,
+    MultiTaskDataset,
+    StreamedBatchCollator,
+    mixed_task_batches,
+    stream_task_probabilities,
+)
 from .distillation import KD_LOSSES, add_soft_labels, distillation_loss
 from .modeling_mtdnn import MTDNNModel
 from .smart import SMART_TASK_TYPES, SmartSettings, adversarial_loss
 from .token_tasks import sequence_labeling_references, span_answers
 
 if TYPE_CHECKING:  # datasets and peft are imported only when used
-    from datasets import Dataset
+    from datasets import Dataset, IterableDataset
     from peft import PeftModel
+
+logger = logging.get_logger(__name__)
 
 OPTIMIZERS = ("adamw", "adamax")  # Trainer's default, and the original's (train.py --optimizer adamax)
 # what evaluation reads of a span task's windows besides the model's inputs (`token_tasks.encode_squad_examples`)
@@ -103,6 +114,13 @@ class MTDNNTrainer(TermLoggingTrainer):
     - `train_dataset`: a `MultiTaskDataset` or the dict/list of task datasets it takes. Batches come from
       `MultiTaskBatchSampler` (one task each, mixed by `mix_opt` and `ratio`, seeded by `args.data_seed` or
       `args.seed`, split over the processes).
+    - Or a dict of task streams (`datasets.IterableDataset`s, `data.read_task_stream`; `args.max_steps` gives the
+      length): each process reads its own part of every task's stream (`split_dataset_by_node`), cut into batches of
+      `per_device_train_batch_size` rows of one task, the task of each batch drawn with `task_probabilities`
+      (`data.stream_task_probabilities`: the given weights, else the tasks' sizes where known, else equal shares;
+      `ratio > 0` gives the first task `1 / (1 + ratio)`) by the same seeded draws on every process
+      (`data.mixed_task_batches`). `mix_opt=1`, an order within an epoch, has no stream counterpart. Train with
+      `hf_ext.streaming.train_keeping_progress` so that checkpoints hold the streams' position.
     - Training logs add `loss_<task>`: each task's mean loss over the logging window, over all processes.
     - `eval_dataset`: a dict `{name: dataset of one task}`; each gives `eval_<name>_loss` and the task's GLUE metrics
       `eval_<name>_<metric>` (`accuracy`, `f1`, `matthews_correlation`, `pearson`, `spearmanr`), so
@@ -120,7 +138,8 @@ class MTDNNTrainer(TermLoggingTrainer):
 
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None, *,
                  mix_opt=0, ratio=0.0, kd_loss="soft_ce", kd_weight=1.0, optimizer_name="adamw",
-                 smart: SmartSettings | None = None, **kwargs):
+                 smart: SmartSettings | None = None, task_probabilities: Mapping[str, float] | None = None,
+                 **kwargs):
         if optimizer_name not in OPTIMIZERS:
             raise ValueError(f"optimizer_name must be one of {', '.join(OPTIMIZERS)}, got {optimizer_name!r}")
         if optimizer_name == "adamax" and args is not None:
@@ -140,10 +159,27 @@ class MTDNNTrainer(TermLoggingTrainer):
                 raise ValueError("MT-DNN steps leave the other tasks' heads unused: DDP needs "
                                  "ddp_find_unused_parameters=True (or unset)")
             args.ddp_find_unused_parameters = True  # read when the accelerator is built, in Trainer.__init__
-        if train_dataset is not None and not isinstance(train_dataset, MultiTaskDataset):
+        streamed = isinstance(train_dataset, Mapping) and any(map(is_stream, train_dataset.values()))
+        probabilities = None
+        if streamed:
+            if not all(map(is_stream, train_dataset.values())):
+                raise ValueError("give every task's training data as a stream, or none")
+            if args is None or args.max_steps <= 0:
+                raise ValueError("streamed task data has no length: give args with max_steps")
+            if mix_opt:
+                raise ValueError("mix_opt=1 orders the batches of an epoch (the main task last); a stream has no "
+                                 "epochs: give ratio or task_probabilities")
+            probabilities = stream_task_probabilities(train_dataset, task_probabilities, ratio)
+            train_dataset = mixed_task_batches(
+                _process_parts(train_dataset, args), args.per_device_train_batch_size, probabilities,
+                seed=args.data_seed if args.data_seed is not None else args.seed)
+        elif task_probabilities is not None:
+            raise ValueError("task_probabilities mix task streams; map-style task datasets are mixed by mix_opt "
+                             "and ratio")
+        elif train_dataset is not None and not isinstance(train_dataset, MultiTaskDataset):
             train_dataset = MultiTaskDataset(train_dataset)
         self.mtdnn_config = unwrap(model).config
-        if smart is not None and train_dataset is not None:
+        if smart is not None and isinstance(train_dataset, MultiTaskDataset):
             for dataset in train_dataset.datasets:
                 spec = self.mtdnn_config.task(int(dataset[0]["task"]))
                 if spec["type"] not in SMART_TASK_TYPES:
@@ -155,6 +191,9 @@ class MTDNNTrainer(TermLoggingTrainer):
                          eval_dataset=eval_dataset, logged_terms=[f"loss_{name}" for name in
                                                                   self.mtdnn_config.task_names]
                          + (["adv_loss"] if smart is not None else []), **kwargs)
+        self.task_probabilities = probabilities
+        if self.stream is not None:
+            self.stream.batch_size = 1  # a row of the mixed stream is a whole batch (`data.mixed_task_batches`)
         self.smart = smart
         self.mix_opt = mix_opt
         self.ratio = ratio
@@ -169,6 +208,8 @@ class MTDNNTrainer(TermLoggingTrainer):
                 self._signature_columns.append(column)
 
     def get_train_dataloader(self) -> DataLoader:
+        if self.stream is not None:
+            return stream_dataloader(self.stream, 1, StreamedBatchCollator(self.data_collator), self.args)
         if self.train_dataset is None:
             raise ValueError("MTDNNTrainer: training requires a train_dataset")
         assert isinstance(self.train_dataset, MultiTaskDataset)  # __init__ wraps the task datasets in one
@@ -226,7 +267,24 @@ class MTDNNTrainer(TermLoggingTrainer):
         return output
 
 
-def train_mtdnn(model: "MTDNNModel | PeftModel", train_dataset: dict[str, "Dataset"],
+def _process_parts(streams: Mapping[str, "IterableDataset"], args: TrainingArguments) -> dict[str, "IterableDataset"]:
+    """This process's part of every task stream; a part without rows (more processes than the task has shards and
+    rows) is refused, as training would wait for its first batch forever."""
+    parts = {task: split_for_process(stream, args) for task, stream in streams.items()}
+    for task, part in parts.items():
+        try:
+            first = next(iter(part.take(1)), None)
+        except HfExtError:
+            raise
+        except Exception as error:  # the reader's own, as in training (`hf_ext.streaming.PositionedStream`)
+            raise StreamReadError(error) from error
+        if first is None:
+            raise HfExtError(f"the training data of task {task} gives process {args.process_index} of "
+                             f"{args.world_size} no rows")
+    return parts
+
+
+def train_mtdnn(model: "MTDNNModel | PeftModel", train_dataset: "Mapping[str, Dataset | IterableDataset]",
                 eval_dataset: dict[str, "Dataset"] | None = None, args: TrainingArguments | None = None,
                 teachers: Sequence["MTDNNModel | PeftModel"] = (), teacher_batch_size: int = 32,
                 log_to_stderr: bool = False, **settings: Any) -> MTDNNTrainer:
@@ -235,11 +293,18 @@ def train_mtdnn(model: "MTDNNModel | PeftModel", train_dataset: dict[str, "Datas
     training tasks), every training row first gets the mean of their class probabilities as soft target
     (`add_soft_labels`) and the run is distillation (MT-DNN-KD).
 
+    Task streams (`data.read_task_stream`) train as `MTDNNTrainer` describes; when the arguments save checkpoints,
+    a run on the same output folder resumes from the newest complete one and reads on from the streams' saved
+    position, and a stream that fails to read keeps the steps trained in a checkpoint (`StreamReadError`).
+
     `args` are the `TrainingArguments`; without them they are built from the `TrainingArguments` fields among
     `settings` (`hf_ext.trainer.training_arguments`). The other `settings` go to `MTDNNTrainer` (`mix_opt`, `ratio`,
-    `kd_loss`, `kd_weight`, `optimizer_name`). Returns the trainer after training."""
+    `kd_loss`, `kd_weight`, `optimizer_name`, `smart`, `task_probabilities`, `callbacks`, `data_collator`). Returns
+    the trainer after training."""
     trainer_settings = {key: settings.pop(key) for key in TRAINER_SETTINGS if key in settings}
     args = args if args is not None else training_arguments(**settings)
+    if teachers and any(map(is_stream, train_dataset.values())):
+        raise ValueError("distillation adds the teachers' soft targets to map-style task datasets, not to streams")
     if teachers:  # token-level tasks train on their labels alone (see `teacher_soft_labels`)
         train_dataset = {task: dataset if unwrap(model).config.task(task)["type"] in TOKEN_TASK_TYPES
                          else add_soft_labels(dataset, teachers, task, batch_size=teacher_batch_size)
@@ -248,11 +313,19 @@ def train_mtdnn(model: "MTDNNModel | PeftModel", train_dataset: dict[str, "Datas
                            **trainer_settings)
     if log_to_stderr:
         send_logs_to_stderr(trainer)
-    trainer.train()
+    if trainer.stream is None:
+        trainer.train()
+        return trainer
+    assert args.output_dir is not None  # TrainingArguments sets its default ("trainer_output") when given none
+    checkpoint = last_complete_checkpoint(args.output_dir) if args.save_strategy != "no" else None
+    if checkpoint is not None:
+        logger.warning(f"resuming from {checkpoint}")
+    train_keeping_progress(trainer, resume_from_checkpoint=checkpoint)
     return trainer
 
 
-TRAINER_SETTINGS = ("mix_opt", "ratio", "kd_loss", "kd_weight", "optimizer_name", "smart")
+TRAINER_SETTINGS = ("mix_opt", "ratio", "kd_loss", "kd_weight", "optimizer_name", "smart", "task_probabilities",
+                    "callbacks", "data_collator")
 
 
 __all__ = ["MTDNNTrainer", "OPTIMIZERS", "evaluate_task", "task_metric_names", "task_predictions", "train_mtdnn"]
