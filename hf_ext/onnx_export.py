@@ -51,7 +51,7 @@ QUANTIZATIONS = {
     "int8-dynamic": "int8 weights with one scale per output channel, activations quantized per tensor at run time "
                     "(MatMulInteger)",
 }
-WEIGHT_ONLY_BLOCK_SIZE = 32
+BLOCK_SIZE = 32  # of MatMulNBits' weights: blocks of 128 changed more greedy tokens (docs/export.md)
 # MatMulNBits' accuracy level 4 multiplies in int8 (each row of activations quantized in blocks of the weight's block
 # size at run time); level 0 (float32 arithmetic) has no fast 8-bit kernel on the CPU in ONNX Runtime 1.32 and decoded
 # 9x slower than float32 (docs/export.md)
@@ -330,7 +330,7 @@ def quantize_graph(path: Path, quantized: Path, scheme: str) -> None:
             if scheme == "int8-dynamic":
                 quantize_dynamic_int8(prepared, quantized)
             else:
-                quantize_weight_only(prepared, quantized, bits={"int8": 8, "int4": 4}[scheme])
+                quantize_matmul_nbits(prepared, quantized, bits={"int8": 8, "int4": 4}[scheme])
     finally:
         prepared.unlink(missing_ok=True)
 
@@ -344,11 +344,12 @@ def quantize_dynamic_int8(path: Path, quantized: Path) -> None:
                      per_channel=True)
 
 
-def quantize_weight_only(path: Path, quantized: Path, bits: int, accuracy_level: int = ACCURACY_LEVEL,
-                         block_size: int = WEIGHT_ONLY_BLOCK_SIZE) -> None:
-    """Weight-only quantization of MatMul and Gemm nodes with a constant weight: ONNX Runtime's `MatMulNBits`
-    (symmetric blocks of `block_size` along the input, one float scale each), which dequantizes blocks of the weight
-    inside its kernel. `MatMulNBitsQuantizer` takes MatMul only: a Gemm (the exporter's form of GPT-2's `Conv1D`,
+def quantize_matmul_nbits(path: Path, quantized: Path, bits: int, accuracy_level: int = ACCURACY_LEVEL,
+                          block_size: int = BLOCK_SIZE) -> None:
+    """The constant weights of MatMul and Gemm nodes as `bits`-bit integers: ONNX Runtime's `MatMulNBits` (symmetric
+    blocks of `block_size` along the input, one float scale each), whose kernel reads the packed weights; at
+    `accuracy_level` 4 it quantizes each row of activations in blocks as it multiplies (int8 arithmetic), at 0 it
+    computes in float32. `MatMulNBitsQuantizer` takes MatMul only: a Gemm (the exporter's form of GPT-2's `Conv1D`,
     `x @ W + b` on 2-D `x`) becomes MatMul + Add first (its own `ONNXModel.replace_gemm_with_matmul`)."""
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer

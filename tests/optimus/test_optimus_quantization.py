@@ -24,9 +24,11 @@ from hf_ext.sample_text import bundled_sentences
 
 # The issue's goals, which int8 weights in blocks (ONNX Runtime's MatMulNBits, `--quantize int8`) meet on this model:
 # greedy tokens under teacher forcing equal to float32's at >= 99% of positions, reconstruction word accuracy at most
-# 1 point below float32's (a change of its reconstructions may also raise it: 0.751 -> 0.767 here).
-WEIGHT_ONLY_AGREEMENT = 0.99
-WEIGHT_ONLY_WORD_ACCURACY_POINTS = 0.01
+# 1 point below float32's (a change of its reconstructions may also raise it: 0.751 -> 0.767 here). Both checks
+# can fail: with noise of 30% of its spread in the first layer's c_attn, int8 keeps 447/451 tokens but word accuracy
+# falls to 0.709; `--quantize int4` keeps 439/451 tokens (97.3%).
+GOAL_AGREEMENT = 0.99
+GOAL_WORD_ACCURACY_POINTS = 0.01
 # Dynamic int8 (activations quantized per tensor at run time) misses them on this 64-wide, 2-layer model, trained
 # briefly, whose top two tokens have small margins: under teacher forcing PyTorch's 445/451 positions, ONNX Runtime's
 # 446/451; word accuracy 0.751 in float32, 0.740 (PyTorch, this batch of 40) and 0.711 (ONNX Runtime). These checks
@@ -82,6 +84,11 @@ def test_quantize_decoder_refuses_what_it_cannot_quantize():
         quantize_decoder(OptimusForSequenceClassification(config))
     with pytest.raises(HfExtError, match=r"unknown quantization 'int3' \(choose from int8\)"):
         quantize_decoder(random_model(config, seed=0), "int3")
+
+
+def test_onnx_runtime_names_an_unknown_quantization(tmp_path):
+    with pytest.raises(HfExtError, match=r"unknown quantization 'int3' \(choose from int8, int4, int8-dynamic\)"):
+        OptimusOnnx(tmp_path, "int3")
 
 
 def test_quantize_decoder_names_a_missing_quantized_engine(monkeypatch):
@@ -141,7 +148,7 @@ def teacher_forced_onnx_logits(runtime, labels, mean):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("scheme", "agreement", "points"), [
-    ("int8", WEIGHT_ONLY_AGREEMENT, WEIGHT_ONLY_WORD_ACCURACY_POINTS),
+    ("int8", GOAL_AGREEMENT, GOAL_WORD_ACCURACY_POINTS),
     ("int8-dynamic", AGREEMENT, WORD_ACCURACY_POINTS)])
 def test_int8_graph_agrees_with_float32_on_onnxruntime(scheme, agreement, points, trained, tmp_path):
     require_extra("onnx", "onnx", "onnxruntime", "onnxscript")
