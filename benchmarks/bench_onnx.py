@@ -94,12 +94,13 @@ def classifier_benchmark(name, model, vocab_size, folder, shapes, repeats, agree
     returns: the predictions that agree and their number, the sample pairs, the target and, for every output, the
     int8 graph's largest error and the float model's margins between its top two logits."""
     model.save_pretrained(folder / name)
-    report = export_onnx(folder / name, folder / f"{name}-onnx", quantize="int8")
+    # dynamic int8, as published: encoders at batch x 128 are bound by arithmetic, which MatMulInteger does in int8
+    report = export_onnx(folder / name, folder / f"{name}-onnx", quantize="int8-dynamic")
     errors = [check["max_abs_error"] for check in report["graphs"][0]["checks"]]
     print(f"{name}: exported in {report['seconds']} s; float graph max abs error against PyTorch {max(errors):.1e}")
     record(f"{name}_export", {"seconds": report["seconds"], "float_graph_max_abs_error": max(errors)})
     graphs = {kind: session(folder / f"{name}-onnx" / file) for kind, file in
-              (("float", "model.onnx"), ("int8", "model_int8.onnx"))}
+              (("float", "model.onnx"), ("int8", "model_int8_dynamic.onnx"))}
     wrapper = _graph_module(name, model)
     generator = torch.Generator().manual_seed(0)
     for batch, length in shapes:

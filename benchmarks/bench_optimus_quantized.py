@@ -4,11 +4,12 @@
 
 Candidates, per decoder:
 - `float32 generate()`: `OptimusModel.generate`, the baseline;
-- `int8 generate()`: the same after `quantize_decoder(model, "int8")` (PyTorch's dynamic int8 linear layers);
-- `onnxruntime float32`, `onnxruntime int8`: `OptimusOnnx` on `hf-ext export onnx --quantize int8`'s decoder graphs;
-- `onnxruntime 4-bit`: the float graph through ONNX Runtime's `MatMulNBitsQuantizer` (4-bit weights in blocks of 32,
-  int8 arithmetic: accuracy level 4). It takes MatMul nodes only: GPT-2's projections export as Gemm and stay float,
-  so for GPT-2 only the LM head is 4-bit.
+- `dynamic int8 generate()`: the same after `quantize_decoder(model, "int8")` (PyTorch's dynamic int8 linear layers:
+  no maintained weight-only int8 for the CPU beat float32 in eager mode, docs/export.md);
+- `onnxruntime float32`: `OptimusOnnx` on the float decoder graph;
+- `onnxruntime int8`, `onnxruntime int4`, `onnxruntime dynamic int8`: `OptimusOnnx` on the decoder graphs of
+  `hf-ext export onnx --quantize int8` / `int4` / `int8-dynamic` (MatMulNBits int8 and 4-bit weights in blocks of 32;
+  ONNX Runtime's dynamic int8), GPT-2's Gemm projections included.
 Target: int8 at least 3x the tokens per second of float32 `generate()`.
 
 Decoders: GPT-2 small (768 wide, 12 layers, 12 heads, vocabulary 50260; random weights), and a Llama-style decoder
@@ -22,7 +23,6 @@ reconstruction accuracy of a trained Optimus is checked in tests/optimus/test_op
 """
 
 import copy
-import logging
 import statistics
 import tempfile
 from pathlib import Path
@@ -38,7 +38,7 @@ from hf_ext.cli_utils import configure_logging
 from hf_ext.models.optimus.export_onnx import OptimusOnnx, cache_names
 from hf_ext.models.optimus.quantization import greedy_agreement, quantize_decoder
 from hf_ext.models.optimus.samples import random_model
-from hf_ext.onnx_export import export_onnx, session
+from hf_ext.onnx_export import export_onnx, quantize_graph, quantized_file
 from hf_ext.sample_text import bundled_sentences
 
 SMOLLM2 = Path("/work/cache/backbones/SmolLM2-135M-Instruct-Q4_1-f32")
@@ -68,24 +68,6 @@ def llama_model(args):
     return random_model(config, seed=0, scale=None).eval(), None, "random, SmolLM2-135M's shape"
 
 
-def quantize_4bit(folder):
-    """`decoder_4bit.onnx` beside the float graph: ONNX Runtime's pre-processing (which folds the tied head's
-    transpose), then its MatMulNBits quantizer."""
-    import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    prepared = folder / "decoder_prepared.onnx"
-    # the quantizer logs a line per node at INFO
-    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
-    quant_pre_process(str(folder / "decoder.onnx"), str(prepared), skip_symbolic_shape=True)
-    quantizer = MatMulNBitsQuantizer(onnx.load(str(prepared)), block_size=32, is_symmetric=True, accuracy_level=4)
-    quantizer.process()
-    quantizer.model.save_model_to_file(str(folder / "decoder_4bit.onnx"), use_external_data_format=False)
-    prepared.unlink()
-    return folder / "decoder_4bit.onnx"
-
-
 def teacher_forced_agreement(model, quantized, runtimes, processor):
     """Per quantized candidate, its greedy tokens under teacher forcing against float32's, on the bundled
     sentences, from the posterior means."""
@@ -94,7 +76,7 @@ def teacher_forced_agreement(model, quantized, runtimes, processor):
     with torch.no_grad():
         mean = model.encode(batch["input_ids"], batch["attention_mask"])[0]
         reference = model(decoder_input_ids=batch["labels"], latent_z=mean).logits
-        found = {"int8 generate()": quantized(decoder_input_ids=batch["labels"], latent_z=mean).logits}
+        found = {"dynamic int8 generate()": quantized(decoder_input_ids=batch["labels"], latent_z=mean).logits}
     float_runtime = runtimes["onnxruntime float32"]
     empty = np.zeros((mean.shape[0], float_runtime.key_value_heads, 0, float_runtime.head_dim), dtype=np.float32)
     feeds = {"input_ids": batch["labels"].numpy(), "latent_z": mean.numpy(),
@@ -119,22 +101,25 @@ def measure(name, model, processor, folder, new_tokens, repeats):
     model.save_pretrained(folder / name)
     if processor is not None:
         processor.save_pretrained(folder / name)
-    report = export_onnx(folder / name, folder / f"{name}-onnx", quantize="int8")
-    int4_path = quantize_4bit(folder / f"{name}-onnx")
-    sizes = {path.name: path.stat().st_size for path in sorted((folder / f"{name}-onnx").glob("decoder*.onnx"))}
+    exported = folder / f"{name}-onnx"
+    report = export_onnx(folder / name, exported, quantize="int8")
+    # the other schemes from the same float graph, as `--quantize int4` / `int8-dynamic` would write them
+    for scheme in ("int4", "int8-dynamic"):
+        for graph in ("encoder", "decoder"):
+            quantize_graph(exported / f"{graph}.onnx", exported / quantized_file(graph, scheme), scheme)
+    sizes = {path.name: path.stat().st_size for path in sorted(exported.glob("decoder*.onnx"))}
     print(f"  exported in {report['seconds']} s; graphs: "
           + ", ".join(f"{file} {size / 2**20:.0f} MiB" for file, size in sizes.items()))
-    runtimes = {"onnxruntime float32": OptimusOnnx(folder / f"{name}-onnx"),
-                "onnxruntime int8": OptimusOnnx(folder / f"{name}-onnx", quantized=True),
-                "onnxruntime 4-bit": OptimusOnnx(folder / f"{name}-onnx")}
-    runtimes["onnxruntime 4-bit"].decoder = session(int4_path)
+    runtimes = {"onnxruntime float32": OptimusOnnx(exported),
+                **{f"onnxruntime {scheme.replace('int8-dynamic', 'dynamic int8')}": OptimusOnnx(exported, scheme)
+                   for scheme in ("int8", "int4", "int8-dynamic")}}
     quantized = quantize_decoder(copy.deepcopy(model))
 
     latent_z = model.sample_prior(1, torch.Generator().manual_seed(1))
     generation = greedy_config(model.config, new_tokens)
     candidates = {
         "float32 generate()": torch.no_grad()(lambda: model.generate(latent_z=latent_z, generation_config=generation)),
-        "int8 generate()": torch.no_grad()(
+        "dynamic int8 generate()": torch.no_grad()(
             lambda: quantized.generate(latent_z=latent_z, generation_config=generation)),
         **{candidate: (lambda runtime=runtime: runtime.generate(latent_z.numpy(), max_new_tokens=new_tokens,
                                                                 min_new_tokens=new_tokens))

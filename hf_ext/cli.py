@@ -49,6 +49,8 @@ def build_parser(prog: str = "hf-ext") -> Parser:
                                  description="Export a model folder for other runtimes.")
     formats = export.add_subparsers(dest="format", required=True, metavar="FORMAT")
     exportable = ", ".join(entry.display_name for entry in MODELS if entry.export_onnx is not None)
+    from .onnx_export import QUANTIZATIONS
+
     onnx = formats.add_parser(
         "onnx", help="ONNX graphs checked on ONNX Runtime (needs the onnx extra)",
         description=f"Export MODEL (a folder or Hub repo id of a model hf-ext exports: {exportable}) to ONNX graphs "
@@ -60,8 +62,8 @@ def build_parser(prog: str = "hf-ext") -> Parser:
     add_model_argument(onnx, "model folder or Hub repo id")
     onnx.add_argument("out", help="output folder (written atomically)")
     onnx.add_argument("--task", help="what to export (default: the folder's own head; see docs/export.md)")
-    onnx.add_argument("--quantize", choices=["int8"], help="also write <graph>_int8.onnx (dynamic int8 quantization "
-                      "of the weights) and measure its errors")
+    onnx.add_argument("--quantize", choices=list(QUANTIZATIONS), help="also write <graph>_<scheme>.onnx and measure "
+                      "its errors: " + "; ".join(f"{scheme}: {what}" for scheme, what in QUANTIZATIONS.items()))
     onnx.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     onnx.set_defaults(handler=_run_export_onnx)
     add_serve_command(commands)
@@ -89,9 +91,9 @@ def _run_export_onnx(args):
     for graph in report["graphs"]:
         line = (f"{graph['file']}: max abs error {max(c['max_abs_error'] for c in graph['checks']):.1e} against "
                 f"PyTorch over {len(graph['checks'])} shapes")
-        if "int8" in graph:
-            line += (f"; {graph['int8']['file']}: "
-                     f"{max(c['max_abs_error'] for c in graph['int8']['checks']):.1e}")
+        if args.quantize is not None:
+            quantized = graph[args.quantize]
+            line += f"; {quantized['file']}: {max(c['max_abs_error'] for c in quantized['checks']):.1e}"
         print(line)
     print(f"wrote {args.out} (task {report['task']}, {report['seconds']} s)")
 

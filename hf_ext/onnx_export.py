@@ -5,8 +5,8 @@ Each model package that can be exported has an `export_onnx` module declaring th
 `plan(source, config, task, trust_remote_code)`, which loads the model and returns the graphs to write (`OnnxGraph`).
 This module does the rest, the same for every model: export with `torch.onnx.export` (the dynamo exporter), check
 every graph on ONNX Runtime against PyTorch at the export shape and at a second one (dynamic axes), quantize to int8
-if asked (`onnxruntime.quantization`), and write the graphs, the config and tokenizer files, `onnx_export.json` (what
-was checked, with the errors) and a model card into an atomically written folder.
+or 4-bit if asked (`onnxruntime.quantization`), and write the graphs, the config and tokenizer files,
+`onnx_export.json` (what was checked, with the errors) and a model card into an atomically written folder.
 """
 
 import contextlib
@@ -43,7 +43,19 @@ logger = logging.get_logger(__name__)
 
 REPORT_NAME = "onnx_export.json"
 FLOAT_TOLERANCE = 1e-4  # ONNX Runtime against PyTorch, float32 graphs
-QUANTIZATIONS = ("int8",)
+# `--quantize` schemes: what each writes (`<graph>_<scheme>.onnx`, "-" as "_"), for the CLI's help and the docs
+QUANTIZATIONS = {
+    "int8": "int8 weights of MatMul and Gemm in blocks of 32, one scale each (ONNX Runtime's MatMulNBits; it "
+            "quantizes the activations in blocks of 32 as it multiplies)",
+    "int4": "the same with 4-bit weights",
+    "int8-dynamic": "int8 weights with one scale per output channel, activations quantized per tensor at run time "
+                    "(MatMulInteger)",
+}
+BLOCK_SIZE = 32  # of MatMulNBits' weights: blocks of 128 changed more greedy tokens (docs/export.md)
+# MatMulNBits' accuracy level 4 multiplies in int8 (each row of activations quantized in blocks of the weight's block
+# size at run time); level 0 (float32 arithmetic) has no fast 8-bit kernel on the CPU in ONNX Runtime 1.32 and decoded
+# 9x slower than float32 (docs/export.md)
+ACCURACY_LEVEL = 4
 OPSET = 18
 # what a model folder holds besides its weights, copied beside the graphs so that the export folder is self-contained
 # (config, tokenizer or processor, generation config, and the model code a config with `auto_map` loads)
@@ -141,8 +153,8 @@ def export_onnx(source: str, out: str | Path, task: str | None = None, quantize:
                 trust_remote_code: bool = False, overwrite: bool = False) -> dict:
     """Export the model in `source` (a folder or Hub repo id) to ONNX graphs in the new folder `out`, check each on
     ONNX Runtime against PyTorch and return the report written to `out/onnx_export.json`. `task` picks what is
-    exported (see each model's `tasks(config)`); `quantize="int8"` also writes `<graph>_int8.onnx` (dynamic
-    quantization of the weights) with its measured errors. Nothing is left in `out` unless every graph passes its
+    exported (see each model's `tasks(config)`); `quantize` (one of `QUANTIZATIONS`) also writes each graph
+    quantized (`quantized_file`) with its measured errors. Nothing is left in `out` unless every graph passes its
     check."""
     require_onnx()
     if quantize is not None and quantize not in QUANTIZATIONS:
@@ -170,12 +182,12 @@ def export_onnx(source: str, out: str | Path, task: str | None = None, quantize:
             logger.info(f"checked {path.name} on ONNX Runtime: max abs error "
                         f"{max(check['max_abs_error'] for check in entry['checks']):.2e} over "
                         f"{len(entry['checks'])} shapes")
-            if quantize == "int8":
-                quantized = staging / f"{graph.name}_int8.onnx"
-                quantize_int8(path, quantized)
-                entry["int8"] = {"file": quantized.name, "checks": check_graph(graph, quantized, None)}
+            if quantize is not None:
+                quantized = staging / quantized_file(graph.name, quantize)
+                quantize_graph(path, quantized, quantize)
+                entry[quantize] = {"file": quantized.name, "checks": check_graph(graph, quantized, None)}
                 logger.info(f"wrote {quantized.name}: max abs error "
-                            f"{max(check['max_abs_error'] for check in entry['int8']['checks']):.2e}")
+                            f"{max(check['max_abs_error'] for check in entry[quantize]['checks']):.2e}")
             report["graphs"].append(entry)
         copy_model_files(files, staging, model)
         report["seconds"] = round(time.perf_counter() - started, 1)
@@ -298,13 +310,16 @@ def check_graph(graph: OnnxGraph, path: Path, tolerance: float | None) -> list[d
     return checks
 
 
-def quantize_int8(path: Path, quantized: Path) -> None:
-    """Dynamic int8 quantization of the weights of MatMul and Gemm nodes (activations quantized at run time), as
-    ONNX Runtime recommends for transformers on CPU, one scale per output channel. ONNX Runtime's pre-processing runs
-    first: it folds the `Transpose` of a weight that the exporter leaves in front of a MatMul (a head tied to the
-    token embeddings reads the embedding matrix transposed), so that MatMul's weight becomes a constant the quantizer
-    takes; without it the head, the largest matrix of a decoder, stays float."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+def quantized_file(graph_name: str, scheme: str) -> str:
+    """The file name of a graph quantized with `scheme` (`decoder_int8.onnx`, `model_int8_dynamic.onnx`)."""
+    return f"{graph_name}_{scheme.replace('-', '_')}.onnx"
+
+
+def quantize_graph(path: Path, quantized: Path, scheme: str) -> None:
+    """`path` quantized with one of `QUANTIZATIONS` into `quantized`. ONNX Runtime's pre-processing runs first: it
+    folds the `Transpose` of a weight that the exporter leaves in front of a MatMul (a head tied to the token
+    embeddings reads the embedding matrix transposed), so that MatMul's weight becomes a constant the quantizers
+    take; without it the head, the largest matrix of a decoder, stays float."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     prepared = quantized.with_name(f"{quantized.stem}_prepared.onnx")
@@ -312,10 +327,38 @@ def quantize_int8(path: Path, quantized: Path) -> None:
         with _quiet_exporter():
             # the symbolic shape inference is for transformers' own fusions; the graph has its shapes from the export
             quant_pre_process(str(path), str(prepared), skip_symbolic_shape=True)
-            quantize_dynamic(str(prepared), str(quantized), weight_type=QuantType.QInt8,
-                             op_types_to_quantize=["MatMul", "Gemm"], per_channel=True)
+            if scheme == "int8-dynamic":
+                quantize_dynamic_int8(prepared, quantized)
+            else:
+                quantize_matmul_nbits(prepared, quantized, bits={"int8": 8, "int4": 4}[scheme])
     finally:
         prepared.unlink(missing_ok=True)
+
+
+def quantize_dynamic_int8(path: Path, quantized: Path) -> None:
+    """Dynamic int8 quantization of the weights of MatMul and Gemm nodes (activations quantized at run time), as
+    ONNX Runtime recommends for transformers on CPU, one scale per output channel."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"],
+                     per_channel=True)
+
+
+def quantize_matmul_nbits(path: Path, quantized: Path, bits: int, accuracy_level: int = ACCURACY_LEVEL,
+                          block_size: int = BLOCK_SIZE) -> None:
+    """The constant weights of MatMul and Gemm nodes as `bits`-bit integers: ONNX Runtime's `MatMulNBits` (symmetric
+    blocks of `block_size` along the input, one float scale each), whose kernel reads the packed weights; at
+    `accuracy_level` 4 it quantizes each row of activations in blocks as it multiplies (int8 arithmetic), at 0 it
+    computes in float32. `MatMulNBitsQuantizer` takes MatMul only: a Gemm (the exporter's form of GPT-2's `Conv1D`,
+    `x @ W + b` on 2-D `x`) becomes MatMul + Add first (its own `ONNXModel.replace_gemm_with_matmul`)."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(path)), bits=bits, block_size=block_size, is_symmetric=True,
+                                     accuracy_level=accuracy_level)
+    quantizer.model.replace_gemm_with_matmul()
+    quantizer.process()
+    quantizer.model.save_model_to_file(str(quantized), use_external_data_format=False)
 
 
 def model_files(source: str) -> list[tuple[Path, Path]]:

@@ -75,6 +75,14 @@ PATH_CASES = {
                                   "model.txt is a file, not a model folder"),
 }
 
+# ----- hf-ext export onnx --quantize: the schemes are int8, int4 and int8-dynamic ---------------------------------
+
+EXPORT_CASES = {
+    "export with an unknown quantization": (lambda tmp: ["export", "onnx", tmp, tmp / "out", "--quantize", "int3"], 2,
+                                            "argument --quantize: invalid choice: 'int3' (choose from 'int8', "
+                                            "'int4', 'int8-dynamic')"),
+}
+
 # ----- security (docs/security.md): remote code, what push publishes, tokens -------------------------------------
 
 SECURITY_CASES = {
@@ -118,7 +126,7 @@ DEVICE_CASES = {
 CASES = [pytest.param(build, code, message, id=f"{group}: {name}")
          for group, cases in [*((module.__name__.removeprefix("bad_input_"), module.CONVERSION_CASES)
                                 for module in MODEL_CASES), ("output", OUTPUT_CASES), ("path", PATH_CASES),
-                                ("security", SECURITY_CASES), ("device", DEVICE_CASES)]
+                                ("export", EXPORT_CASES), ("security", SECURITY_CASES), ("device", DEVICE_CASES)]
          for name, (build, code, message) in cases.items()]
 COMMAND_CASES = [pytest.param(build, code, message, module.COMMAND_FOLDER,
                               id=f"{module.__name__.removeprefix('bad_input_')}: {name}")

@@ -59,6 +59,28 @@ def test_folder_holds_graphs_report_card_and_tokenizer(exported, ernie_folder):
     assert tokens == AutoTokenizer.from_pretrained(ernie_folder)("hello world")["input_ids"]
 
 
+@pytest.mark.parametrize(("scheme", "file", "quantized_op", "bits"), [
+    ("int8", "model_int8.onnx", "MatMulNBits", 8), ("int4", "model_int4.onnx", "MatMulNBits", 4),
+    ("int8-dynamic", "model_int8_dynamic.onnx", "MatMulInteger", None)])
+def test_each_quantization_replaces_the_float_products_of_weights(scheme, file, quantized_op, bits, ernie_folder,
+                                                                   tmp_path):
+    import onnx
+
+    report = onnx_export.export_onnx(str(ernie_folder), tmp_path / "onnx", quantize=scheme)
+    (graph,) = report["graphs"]
+    assert graph[scheme]["file"] == file and report["quantization"] == scheme
+    errors = [check["max_abs_error"] for check in graph[scheme]["checks"]]
+    assert all(1e-5 < error < 1.0 for error in errors), errors  # quantized: close, not equal
+    quantized_graph = onnx.load(str(tmp_path / "onnx" / file)).graph
+    nodes, weights = quantized_graph.node, {tensor.name for tensor in quantized_graph.initializer}
+    assert not [node.name for node in nodes if node.op_type in ("MatMul", "Gemm") and node.input[1] in weights]
+    quantized = [node for node in nodes if node.op_type == quantized_op]
+    assert len(quantized) >= 6  # the tiny ERNIE's attention and MLP projections, at least
+    if bits is not None:
+        assert {attribute.i for node in quantized for attribute in node.attribute if attribute.name == "bits"} == {bits}
+    assert f"`{file}`" in (tmp_path / "onnx" / "README.md").read_text()
+
+
 def test_hub_id_is_read_from_the_local_cache(ernie_folder, tmp_path, monkeypatch):
     from hf_ext.hub import install_into_hub_cache
 
@@ -98,7 +120,7 @@ def test_bad_input_is_refused_with_one_line(case, ernie_folder, tmp_path, capsys
     elif case == "unknown task":
         refused(capsys, [ernie_folder, out, "--task", "seq2seq"], "task 'seq2seq' cannot be exported", out)
     elif case == "unknown quantization":
-        refused(capsys, [ernie_folder, out, "--quantize", "int4"], "invalid choice", out)
+        refused(capsys, [ernie_folder, out, "--quantize", "int3"], "invalid choice", out)
     elif case == "existing output":
         (tmp_path / "existing").mkdir()
         refused(capsys, [ernie_folder, tmp_path / "existing"], "already exists", tmp_path / "existing")

@@ -164,6 +164,9 @@ COMMAND_CASES = {
     # --quantize: an unknown scheme, a model that is not an Optimus (a bare causal LM's folder)
     "unknown quantization": (lambda tmp, folder: ["optimus", "reconstruct", folder, "a dog", "--quantize", "int3"],
                              2, "argument --quantize: invalid choice: 'int3' (choose from 'int8')"),
+    "4-bit in PyTorch (4-bit is an ONNX export's, --quantize int4)": (
+        lambda tmp, folder: ["optimus", "reconstruct", folder, "a dog", "--quantize", "int4"], 2,
+        "argument --quantize: invalid choice: 'int4' (choose from 'int8')"),
     "quantizing a decoder that is not an Optimus": (
         lambda tmp, folder: ["optimus", "sample", write_decoder(tmp / "gpt2"), "--quantize", "int8"], 1,
         "holds a 'gpt2' model, not an Optimus model"),

@@ -61,9 +61,32 @@ def test_generation_loop_gives_the_original_greedy_tokens(exported, optimus_tiny
     valid = expected >= 0
     assert (tokens[:, :expected.shape[1]][valid] == expected[valid]).all()
     # int8 weights: the same loop runs, and sampling follows its seed
-    quantized = OptimusOnnx(exported, quantized=True)
+    quantized = OptimusOnnx(exported, "int8")
     first = quantized.generate(ref["gen_z"].numpy(), max_new_tokens=5, do_sample=True, seed=3)
     assert np.array_equal(first, quantized.generate(ref["gen_z"].numpy(), max_new_tokens=5, do_sample=True, seed=3))
+
+
+def float_products_of_weights(path):
+    """The operator of each MatMul and Gemm node of a graph that multiplies by a float weight (an initializer)."""
+    import onnx
+
+    graph = onnx.load(str(path)).graph
+    weights = {tensor.name for tensor in graph.initializer}
+    return [node.op_type for node in graph.node if node.op_type in ("MatMul", "Gemm") and node.input[1] in weights]
+
+
+def test_int8_graph_has_int8_weights_in_every_projection(exported):
+    """GPT-2's Conv1D projections export as Gemm, which ONNX Runtime's MatMulNBits quantizer does not take: they are
+    int8 too (made MatMul first), as are the latent projections and the head."""
+    assert "Gemm" in float_products_of_weights(exported / "decoder.onnx")
+    assert float_products_of_weights(exported / "decoder_int8.onnx") == []
+    import onnx
+
+    nodes = [node for node in onnx.load(str(exported / "decoder_int8.onnx")).graph.node
+             if node.op_type == "MatMulNBits"]
+    # 2 layers x 4 projections, the latent's memory and embedding projections, the head
+    assert len(nodes) == 2 * 4 + 2 + 1
+    assert {attribute.i for node in nodes for attribute in node.attribute if attribute.name == "bits"} == {8}
 
 
 def bundled_processor(folder):
@@ -162,8 +185,7 @@ def test_llama_decoder_with_grouped_query_attention(tmp_path):
     assert len({tuple(row) for row in tokens.tolist()}) > 1  # the latents steer the decoder
     # int8 weights: close to the float graph's predictions, and the loop runs on them
     assert min(check["argmax_agreement"]["logits"] for check in decoder_report["int8"]["checks"]) >= 0.9
-    quantized = OptimusOnnx(tmp_path / "onnx", quantized=True).generate(latent_z, max_new_tokens=12,
-                                                                         min_new_tokens=12)
+    quantized = OptimusOnnx(tmp_path / "onnx", "int8").generate(latent_z, max_new_tokens=12, min_new_tokens=12)
     assert quantized.shape == tokens.shape and (quantized == tokens).mean() >= 0.75
 
 

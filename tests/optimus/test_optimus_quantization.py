@@ -1,6 +1,7 @@
 """int8 decoding: `quantize_decoder` in PyTorch (GPT-2's Conv1D and Llama's Linear projections) and the int8 decoder
-graph on ONNX Runtime, against float32 on a small trained model (the demo's, trained briefly): greedy tokens under
-teacher forcing and reconstruction word accuracy (thresholds below)."""
+graphs on ONNX Runtime (weight-only `--quantize int8`, and `int8-dynamic`), against float32 on a small trained model
+(the demo's, trained briefly): greedy tokens under teacher forcing and reconstruction word accuracy (thresholds
+below)."""
 
 import copy
 
@@ -14,17 +15,26 @@ from transformers.pytorch_utils import Conv1D
 from hf_ext import OptimusConfig, OptimusForSequenceClassification, OptimusLatentSpace
 from hf_ext.cli import main
 from hf_ext.errors import HfExtError
+from hf_ext.models.optimus.export_onnx import OptimusOnnx, cache_names
 from hf_ext.models.optimus.metrics import word_accuracy
 from hf_ext.models.optimus.quantization import greedy_agreement, linear_from_conv1d, quantize_decoder
 from hf_ext.models.optimus.samples import random_model, tiny_config
+from hf_ext.onnx_export import export_onnx
 from hf_ext.sample_text import bundled_sentences
 
-# The issue's goals are 99% and 1 point. This 64-wide, 2-layer model, trained briefly, has small margins between its
-# top two tokens and gives less (docs/export.md): under teacher forcing PyTorch's int8 445/451 positions, ONNX
-# Runtime's 446/451; word accuracy 0.751 in float32, 0.740 (PyTorch, this batch of 40) and 0.711 (ONNX Runtime). The
-# checks hold what it gives; noise of 30% of one projection's spread added before quantizing gives 442/451.
-AGREEMENT = 0.985  # greedy tokens under teacher forcing equal to float32's
-WORD_ACCURACY_POINTS = 0.05  # reconstruction word accuracy within 5 points of float32's
+# The issue's goals, which int8 weights in blocks (ONNX Runtime's MatMulNBits, `--quantize int8`) meet on this model:
+# greedy tokens under teacher forcing equal to float32's at >= 99% of positions, reconstruction word accuracy at most
+# 1 point below float32's (a change of its reconstructions may also raise it: 0.751 -> 0.767 here). Both checks
+# can fail: with noise of 30% of its spread in the first layer's c_attn, int8 keeps 447/451 tokens but word accuracy
+# falls to 0.709; `--quantize int4` keeps 439/451 tokens (97.3%).
+GOAL_AGREEMENT = 0.99
+GOAL_WORD_ACCURACY_POINTS = 0.01
+# Dynamic int8 (activations quantized per tensor at run time) misses them on this 64-wide, 2-layer model, trained
+# briefly, whose top two tokens have small margins: under teacher forcing PyTorch's 445/451 positions, ONNX Runtime's
+# 446/451; word accuracy 0.751 in float32, 0.740 (PyTorch, this batch of 40) and 0.711 (ONNX Runtime). These checks
+# hold what it gives; noise of 30% of one projection's spread added before quantizing gives 442/451.
+AGREEMENT = 0.985
+WORD_ACCURACY_POINTS = 0.05
 
 
 def quantized_layers(model):
@@ -76,6 +86,11 @@ def test_quantize_decoder_refuses_what_it_cannot_quantize():
         quantize_decoder(random_model(config, seed=0), "int3")
 
 
+def test_onnx_runtime_names_an_unknown_quantization(tmp_path):
+    with pytest.raises(HfExtError, match=r"unknown quantization 'int3' \(choose from int8, int4, int8-dynamic\)"):
+        OptimusOnnx(tmp_path, "int3")
+
+
 def test_quantize_decoder_names_a_missing_quantized_engine(monkeypatch):
     # a PyTorch built without fbgemm, x86 or qnnpack has the engine "none"
     monkeypatch.setattr(type(torch.backends.quantized), "engine", property(lambda self: "none"))
@@ -125,27 +140,30 @@ def test_int8_decoder_agrees_with_float32_in_pytorch(trained, capsys):
         f"{text}\t->\t{out}" for text, out in zip(texts[:3], quantized.reconstruct(texts[:3]), strict=True)]
 
 
-@pytest.mark.slow
-def test_int8_graph_agrees_with_float32_on_onnxruntime(trained, tmp_path):
-    require_extra("onnx", "onnx", "onnxruntime", "onnxscript")
-    from hf_ext.models.optimus.export_onnx import OptimusOnnx, cache_names
-    from hf_ext.onnx_export import export_onnx
+def teacher_forced_onnx_logits(runtime, labels, mean):
+    empty = np.zeros((len(labels), runtime.key_value_heads, 0, runtime.head_dim), dtype=np.float32)
+    feeds = {"input_ids": labels, "latent_z": mean, **dict.fromkeys(cache_names("past", runtime.num_layers), empty)}
+    return torch.from_numpy(runtime.decoder.run(["logits"], feeds)[0])
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("scheme", "agreement", "points"), [
+    ("int8", GOAL_AGREEMENT, GOAL_WORD_ACCURACY_POINTS),
+    ("int8-dynamic", AGREEMENT, WORD_ACCURACY_POINTS)])
+def test_int8_graph_agrees_with_float32_on_onnxruntime(scheme, agreement, points, trained, tmp_path):
+    require_extra("onnx", "onnx", "onnxruntime", "onnxscript")
     texts = bundled_sentences()
-    export_onnx(str(trained), tmp_path / "onnx", quantize="int8")
-    runtimes = {"float": OptimusOnnx(tmp_path / "onnx"), "int8": OptimusOnnx(tmp_path / "onnx", quantized=True)}
+    export_onnx(str(trained), tmp_path / "onnx", quantize=scheme)
+    runtimes = {"float": OptimusOnnx(tmp_path / "onnx"), scheme: OptimusOnnx(tmp_path / "onnx", scheme)}
     model = AutoModel.from_pretrained(trained)
     labels = AutoProcessor.from_pretrained(trained).decoder_labels(texts).numpy()
     mean = runtimes["float"].encode(texts)[0]
-    runtime = runtimes["float"]
-    empty = np.zeros((len(texts), runtime.key_value_heads, 0, runtime.head_dim), dtype=np.float32)
-    feeds = {"input_ids": labels, "latent_z": mean, **dict.fromkeys(cache_names("past", runtime.num_layers), empty)}
-    logits = {name: torch.from_numpy(runtime.decoder.run(["logits"], feeds)[0]) for name, runtime in runtimes.items()}
-    equal, total = greedy_agreement(logits["float"], logits["int8"], torch.from_numpy(labels),
+    logits = {name: teacher_forced_onnx_logits(runtime, labels, mean) for name, runtime in runtimes.items()}
+    equal, total = greedy_agreement(logits["float"], logits[scheme], torch.from_numpy(labels),
                                     model.config.decoder.pad_token_id)
-    assert total > 10 * len(texts) and equal / total >= AGREEMENT, (equal, total)
+    assert total > 10 * len(texts) and equal / total >= agreement, (equal, total)
     accuracy = {name: np.mean([word_accuracy(text, out) for text, out in
                                zip(texts, runtime.reconstruct(texts, max_new_tokens=24), strict=True)])
                 for name, runtime in runtimes.items()}
     assert accuracy["float"] > 0.5
-    assert abs(accuracy["int8"] - accuracy["float"]) <= WORD_ACCURACY_POINTS, accuracy
+    assert accuracy["float"] - accuracy[scheme] <= points, accuracy

@@ -25,7 +25,17 @@ from transformers.cache_utils import DynamicCache
 
 from ...errors import HfExtError
 from ...loading import load_config, loading
-from ...onnx_export import TEXT_AXES, TEXT_INPUTS, ExportPlan, Inputs, OnnxGraph, session, text_inputs
+from ...onnx_export import (
+    QUANTIZATIONS,
+    TEXT_AXES,
+    TEXT_INPUTS,
+    ExportPlan,
+    Inputs,
+    OnnxGraph,
+    quantized_file,
+    session,
+    text_inputs,
+)
 from .configuration_optimus import decoder_head_dim, decoder_heads
 from .modeling_optimus import CACHE_NAME, OptimusModel
 
@@ -134,15 +144,25 @@ def plan(source: str, config: PretrainedConfig, task: str, trust_remote_code: bo
               "OptimusOnnx` runs greedy or sampled decoding on ONNX Runtime"])
 
 
+def graph_file(name: str, quantization: str | None) -> str:
+    """The file of graph `name`, quantized with `quantization` (a scheme of `hf-ext export onnx --quantize`) or
+    float."""
+    if quantization is None:
+        return f"{name}.onnx"
+    if quantization not in QUANTIZATIONS:
+        raise HfExtError(f"unknown quantization {quantization!r} (choose from {', '.join(QUANTIZATIONS)})")
+    return quantized_file(name, quantization)
+
+
 class OptimusOnnx:
     """An exported Optimus folder on ONNX Runtime: `encode` text to posterior means, `generate` token ids from latents
-    (greedy, or sampling with a temperature), `decode`/`reconstruct` text with the folder's processor."""
+    (greedy, or sampling with a temperature), `decode`/`reconstruct` text with the folder's processor. With
+    `quantization`, the graphs that `hf-ext export onnx --quantize <quantization>` wrote beside the float ones."""
 
-    def __init__(self, folder: str | Path, quantized: bool = False):
+    def __init__(self, folder: str | Path, quantization: str | None = None):
         folder = Path(folder)
-        suffix = "_int8" if quantized else ""
-        self.encoder = session(folder / f"encoder{suffix}.onnx")
-        self.decoder = session(folder / f"decoder{suffix}.onnx")
+        self.encoder = session(folder / graph_file("encoder", quantization))
+        self.decoder = session(folder / graph_file("decoder", quantization))
         self.encoder_inputs = [node.name for node in self.encoder.get_inputs()]
         config = load_config(str(folder), "optimus", "an Optimus model")
         decoder = config.decoder
