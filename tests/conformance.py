@@ -174,6 +174,9 @@ class ModelConformance:
     no_dropout: dict = {}
     # parameter name pattern -> why its initialisation does not scale with the config's initializer range (or gain)
     init_not_from_config: dict = {}
+    # why FSDP2 must shard this model as one unit (`fully_shard(model)` alone) instead of a unit per
+    # `_no_split_modules` module; the plan check then checks that plan (docs/scale.md)
+    fsdp2_one_unit: str | None = None
 
     def config(self, **overrides) -> PretrainedConfig:
         raise NotImplementedError
@@ -389,7 +392,8 @@ class ModelConformance:
         """FSDP2's sharding plan over 8 ranks, in this one process (torch's fake process group: collectives do
         nothing, so values are meaningless, shapes and placements real): every `_no_split_modules` class names
         modules of the model, each becomes one FSDP unit, every parameter is a `Shard(0)` DTensor whose local piece
-        is rank 3's share of dim 0, and a training step runs through the sharded model."""
+        is rank 3's share of dim 0, the ties between parameters hold, and a training step runs through the sharded
+        model. A model with `fsdp2_one_unit` is sharded as one unit instead (its reason says why)."""
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -401,6 +405,8 @@ class ModelConformance:
         units = {name: [module for module in model.modules() if type(module).__name__ == name]
                  for name in model._no_split_modules or ()}
         assert units and all(units.values()), f"_no_split_modules names classes the model lacks: {units}"
+        if self.fsdp2_one_unit:
+            units = {}
         full = {name: parameter.shape for name, parameter in model.named_parameters(remove_duplicate=False)}
         tied = len(full) - len(dict(model.named_parameters()))
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)

@@ -111,10 +111,10 @@ class TestUniversalTransformerForSequenceClassification(UniversalTransformerTest
 
 class TestUniversalTransformerForSeq2SeqLM(UniversalTransformerTester, GenerationConformance):
     model_class = UniversalTransformerForSeq2SeqLM
-    not_applicable = {"test_fsdp2_shards_each_no_split_module_at_world_size_8": (
-        "the token embedding shared by the encoder and decoder stacks lies in two no-split units: FSDP2 unties it. "
-        "The unit cannot be the shared layer instead (tried): ACT's packed steps read the layer's key/value weights "
-        "outside its forward (FrozenKeyValues), where FSDP2 leaves them sharded")}
+    # a unit per stack would shard the token embedding that both stacks hold twice, untying it; the unit cannot be
+    # the shared layer instead (tried): ACT's packed steps read its key/value weights outside its forward
+    # (FrozenKeyValues), where FSDP2 leaves them sharded
+    fsdp2_one_unit = "the encoder and decoder stacks share the token embedding"
 
     def inputs(self, config, labels=False):
         inputs = self.source(config)
