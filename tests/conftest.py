@@ -170,6 +170,13 @@ def cli_exit_code(argv: list) -> int:
         return usage_error.code
 
 
+def cli_run(capsys, *argv) -> tuple[int, str, str]:
+    """`hf-ext ARGV` run in-process: (exit code, stdout, stderr)."""
+    code = cli_exit_code(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 def cli_output(capsys, *argv) -> str:
     """`hf-ext ARGV` run in-process, which must succeed (its stderr is the failure's message): its stdout."""
     from hf_ext.cli import main

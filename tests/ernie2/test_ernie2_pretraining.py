@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import PROCESS_TIMEOUT, REPO_ROOT, cli_exit_code
+from conftest import PROCESS_TIMEOUT, REPO_ROOT, cli_run
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from streaming_corpus import CORPUS
@@ -683,12 +683,6 @@ def test_finetune_feeds_the_task_id_and_reports_glue_metrics(tmp_path, ernie_fol
 
 # ----- the command line --------------------------------------------------------------------------------------------
 
-def run_cli(capsys, *argv):
-    code = cli_exit_code(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def test_cli_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path, capsys, tokenizer, ernie_folder,
                                                                 converted_fixture):
     docs = tmp_path / "docs.jsonl"
@@ -718,7 +712,7 @@ def test_cli_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path, capsys
           "--output-dir", out, "--task-id", "3"], "task id 3 is not available: the model has 3 task ids"),
     ]
     for argv, message in cases:
-        code, stdout, stderr = run_cli(capsys, *argv)
+        code, stdout, stderr = cli_run(capsys, *argv)
         lines = stderr.strip().splitlines()
         assert code != 0 and lines and lines[-1].startswith("hf-ext: error: "), (argv, stderr)
         assert re.search(message, lines[-1]), (message, lines[-1])
@@ -735,7 +729,7 @@ def test_cli_pretrains_resumes_exports_and_finetunes(tmp_path, capsys, converted
     out = tmp_path / "run"
     argv = ["ernie2", "pretrain", converted_fixture, "--documents", docs, "--stages", stages, "--output-dir", out,
             "--batch-size", "2", "--logging-steps", "1", "--max-length", "32", "--max-reorder-segments", "2"]
-    code, stdout, stderr = run_cli(capsys, *argv)
+    code, stdout, stderr = cli_run(capsys, *argv)
     assert code == 0, stderr
     report = json.loads(stdout)
     assert report["step"] == 3 and report["stage_models"] == [str(out / "stage-1/model"), str(out / "stage-2/model")]
@@ -746,11 +740,11 @@ def test_cli_pretrains_resumes_exports_and_finetunes(tmp_path, capsys, converted
     pretraining = Ernie2ForPreTraining.from_pretrained(out / "stage-2" / "model")
     assert pretraining.heads.sentence_reordering.out_features == 3
     # a second run finds both stages done and only writes the ernie folder again
-    code, stdout, stderr = run_cli(capsys, *argv)
+    code, stdout, stderr = cli_run(capsys, *argv)
     assert code == 0 and "stage 1/2" not in stderr and (out / "ernie" / "model.safetensors").read_bytes() == weights
-    code, stdout, _ = run_cli(capsys, "ernie2", "export", out / "stage-2" / "model", tmp_path / "exported")
+    code, stdout, _ = cli_run(capsys, "ernie2", "export", out / "stage-2" / "model", tmp_path / "exported")
     assert code == 0 and (tmp_path / "exported" / "model.safetensors").read_bytes() == weights
-    code, stdout, stderr = run_cli(capsys, "ernie2", "finetune", out / "ernie", "--task", "MRPC", "--train-file",
+    code, stdout, stderr = cli_run(capsys, "ernie2", "finetune", out / "ernie", "--task", "MRPC", "--train-file",
                                    GLUE / "MRPC" / "train.tsv", "--eval-file", GLUE / "MRPC" / "dev.tsv",
                                    "--output-dir", tmp_path / "mrpc", "--max-steps", "2", "--task-id", "4")
     assert code == 0, stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROCESS_TIMEOUT, REPO_ROOT, cli_exit_code, run_torchrun
+from conftest import PROCESS_TIMEOUT, REPO_ROOT, cli_run, run_torchrun
 from streaming_corpus import RecordingCollator, tiny_config, tokenizer, write_corpus
 from transformers import TrainerCallback, TrainingArguments
 
@@ -110,12 +110,6 @@ def test_a_stage_resumed_mid_stream_reads_and_trains_what_an_uninterrupted_one_d
     assert all(torch.equal(tensor, state[name]) for name, tensor in expected.state_dict().items())
 
 
-def run_cli(capsys, *argv):
-    code = cli_exit_code(["--quiet", *argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 @pytest.mark.slow
 def test_a_shard_that_stops_being_json_is_named_and_the_steps_trained_are_kept(tmp_path, capsys):
     corpus = write_corpus(tmp_path / "corpus", shards=2, documents_per_shard=70)
@@ -130,7 +124,7 @@ def test_a_shard_that_stops_being_json_is_named_and_the_steps_trained_are_kept(t
     stages.write_text("stages:\n  - steps: {capitalization: 80}\n")
     argv = ["ernie2", "pretrain", folder, "--documents", corpus, "--streaming", "--stages", stages, "--output-dir",
             tmp_path / "run", "--batch-size", "2", "--max-length", "32", "--save-steps", "100"]
-    code, _, err = run_cli(capsys, *argv)
+    code, _, err = cli_run(capsys, "--quiet", *argv)
     stage = tmp_path / "run" / "stage-1"
     # the first 64 documents (one map batch) give 128 examples, 64 steps of 2; the next batch reaches shard 1
     last = err.strip().splitlines()[-1]
@@ -143,7 +137,7 @@ def test_a_shard_that_stops_being_json_is_named_and_the_steps_trained_are_kept(t
     assert (stage / f"checkpoint-{kept}" / "stream_state-rank0.json").is_file()
     assert not (tmp_path / "run" / "ernie").exists()
     bad.write_text("\n".join(lines) + "\n")
-    code, out, err = run_cli(capsys, *argv)
+    code, out, err = cli_run(capsys, "--quiet", *argv)
     assert code == 0, err
     assert json.loads(out)["step"] == 80 and (tmp_path / "run" / "ernie").is_dir()
 

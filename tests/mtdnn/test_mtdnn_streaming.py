@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from conftest import cli_exit_code, run_torchrun
+from conftest import cli_run, run_torchrun
 from streaming_mtdnn import TASKS, RecordingCollator, batch_tasks, row, tiny_config, write_shards
 from transformers import TrainerCallback
 
@@ -149,12 +149,6 @@ def test_a_run_resumed_mid_stream_reads_and_trains_what_an_uninterrupted_one_doe
     assert all(torch.equal(tensor, state[name]) for name, tensor in expected.state_dict().items())
 
 
-def run_cli(capsys, *argv):
-    code = cli_exit_code(["--quiet", *argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 @pytest.mark.slow
 def test_the_command_streams_shards_with_a_falling_loss_and_resumes_after_a_damaged_shard(tmp_path, capsys):
     sources = write_shards(tmp_path / "data", shards=2, rows_per_shard=60)
@@ -169,7 +163,7 @@ def test_the_command_streams_shards_with_a_falling_loss_and_resumes_after_a_dama
             "--streaming", "--max-steps", "80", "--batch-size", "4", "--learning-rate", "1e-2", "--logging-steps",
             "10", "--save-steps", "50", "--task-probabilities", "cls=2", "--task-probabilities", "sts=1",
             "--task-probabilities", "rank=1", "--output-dir", out]
-    code, _, err = run_cli(capsys, *argv)
+    code, _, err = cli_run(capsys, "--quiet", *argv)
     last = err.strip().splitlines()[-1]
     match = re.fullmatch(rf"hf-ext: error: cannot read the stream: training data {re.escape(str(bad))}, line 4: not "
                          r"JSON \(.+\); the (\d+) steps trained are kept in (.+): correct the data and run the same "
@@ -181,7 +175,7 @@ def test_the_command_streams_shards_with_a_falling_loss_and_resumes_after_a_dama
     assert 15 <= kept < 80 and match.group(2) == str(checkpoints / f"checkpoint-{kept}")
     assert (checkpoints / f"checkpoint-{kept}" / "stream_state-rank0.json").is_file() and not out.exists()
     bad.write_text("\n".join(lines) + "\n")
-    code, stdout, err = run_cli(capsys, *argv)
+    code, stdout, err = cli_run(capsys, "--quiet", *argv)
     assert code == 0, err
     assert json.loads(stdout)["steps"] == 80 and not checkpoints.exists()
     windows = [entry for entry in json.loads((out / "log_history.json").read_text()) if "loss" in entry]

@@ -49,7 +49,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -105,6 +105,18 @@ def latent_fingerprint(model: "OptimusModel") -> str:
     digest = hashlib.sha256(f"{model.config.latent_size}:{list(weight.shape)}:".encode())
     digest.update(weight.view(torch.int16).numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def write_operator(folder: str | Path, operator: nn.Module, weights_name: str, config: dict[str, Any]) -> Path:
+    """An operator's folder: its tensors in `weights_name` (safetensors) and `config` in `attribute.json`."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({key: value.detach().contiguous() for key, value in operator.state_dict().items()},
+              folder / weights_name)
+    (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return folder
 
 
 class LatentAttribute(nn.Module):
@@ -167,16 +179,9 @@ class LatentAttribute(nn.Module):
 
     def save(self, folder: str | Path) -> Path:
         """Write `folder/attribute.json` and `folder/classifier.safetensors`."""
-        from safetensors.torch import save_file
-
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        save_file({key: value.contiguous() for key, value in self.state_dict().items()}, folder / WEIGHTS_NAME)
-        config = {"format_version": FORMAT_VERSION, "name": self.name, "labels": self.labels,
-                  "latent_size": self.latent_size,
-                  "hidden_size": self.hidden_size, "model_fingerprint": self.fingerprint}
-        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        return folder
+        return write_operator(folder, self, WEIGHTS_NAME, {
+            "format_version": FORMAT_VERSION, "name": self.name, "labels": self.labels,
+            "latent_size": self.latent_size, "hidden_size": self.hidden_size, "model_fingerprint": self.fingerprint})
 
     @classmethod
     def load(cls, folder: str | Path) -> "LatentAttribute":
@@ -228,16 +233,9 @@ class ConditionalAttribute(nn.Module):
 
     def save(self, folder: str | Path) -> Path:
         """Write `folder/attribute.json` and `folder/label_embedding.safetensors`."""
-        from safetensors.torch import save_file
-
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        save_file({key: value.detach().contiguous() for key, value in self.state_dict().items()},
-                  folder / EMBEDDING_NAME)
-        config = {"format_version": FORMAT_VERSION, "method": CONDITIONAL, "name": self.name, "labels": self.labels,
-                  "latent_size": self.latent_size, "model_fingerprint": self.fingerprint}
-        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        return folder
+        return write_operator(folder, self, EMBEDDING_NAME, {
+            "format_version": FORMAT_VERSION, "method": CONDITIONAL, "name": self.name, "labels": self.labels,
+            "latent_size": self.latent_size, "model_fingerprint": self.fingerprint})
 
     @classmethod
     def load(cls, folder: str | Path) -> "ConditionalAttribute":
