@@ -156,17 +156,19 @@ CONVERSION_CASES = {
 }
 
 
-def sst_shards(tmp, damaged=False):
+def sst_shards(tmp, damaged=False, soft_labels_on_some=False):
     """Two shards of 16 rows of the sample model's sst task; with `damaged`, line 4 of the second stops being JSON
     (read ahead before the first step; tests/mtdnn/test_mtdnn_streaming.py checks the steps kept before such a line
-    and the resumed run)."""
+    and the resumed run); with `soft_labels_on_some`, every third row has a `softlabel`."""
     import json
 
     folder = tmp / "sst"
     folder.mkdir()
     for shard in range(2):
         lines = [json.dumps({"uid": f"{shard}-{i}", "label": i % 2, "token_id": [2, 5 + i % 2, 3],
-                             "type_id": [0, 0, 0]}) for i in range(16)]
+                             "type_id": [0, 0, 0],
+                             **({"softlabel": [0.5, 0.5]} if soft_labels_on_some and i % 3 == 0 else {})})
+                 for i in range(16)]
         if damaged and shard == 1:
             lines[3] = '{"uid": "cut'
         (folder / f"shard-{shard}.jsonl").write_text("\n".join(lines) + "\n")
@@ -244,6 +246,9 @@ COMMAND_CASES = {
         "dataset"),
     "streamed mtdnn train from a shard that stops being JSON halfway": (lambda tmp, folder: streamed_train(
         tmp, folder, sst_shards(tmp, damaged=True)), 1, "shard-1.jsonl, line 4: not JSON ("),
+    "streamed mtdnn train from rows of which some have a softlabel": (lambda tmp, folder: streamed_train(
+        tmp, folder, sst_shards(tmp, soft_labels_on_some=True)), 1,
+        "sst training data: some rows have a softlabel and some do not"),
     "streamed mtdnn train from an empty shard": (lambda tmp, folder: streamed_train(
         tmp, folder, written(tmp / "sst.jsonl", "")), 1, "sst.jsonl: no rows"),
     "streamed mtdnn train from a GLUE .tsv file": (lambda tmp, folder: streamed_train(

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 from conftest import cli_run, run_torchrun
-from streaming_mtdnn import TASKS, RecordingCollator, batch_tasks, row, tiny_config, write_shards
+from streaming_mtdnn import FIRST_ROW_TOKEN, TASKS, RecordingCollator, batch_tasks, row, tiny_config, write_shards
 from transformers import TrainerCallback
 
 from hf_ext.errors import HfExtError
@@ -47,6 +47,36 @@ def test_streamed_rows_are_the_map_style_rows_and_bad_rows_are_named(tmp_path):
     (tmp_path / "cls.tsv").write_text("a\tb\n")
     with pytest.raises(HfExtError, match="a stream reads the original's preprocessed JSON lines"):
         read_task_stream(tmp_path / "cls.tsv", config, "cls")
+
+
+def test_streamed_soft_labels_reach_the_batches_as_map_style_rows_give_them(tmp_path):
+    """Rows with a `softlabel` (distillation targets written beforehand) keep it through the stream and the mixed
+    batches, as `load_mtdnn_json` reads it; a batch whose rows mix soft-labelled and plain ones is refused."""
+    config = tiny_config()
+    soft = {n: [0.1 * (n % 10), 1 - 0.1 * (n % 10)] for n in range(8)}
+    cls_rows = [{**row("cls", n), "softlabel": soft[n]} for n in range(8)]
+    source = tmp_path / "cls.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in cls_rows))
+    expected = load_mtdnn_json(source, config, "cls").select_columns([*STREAM_COLUMNS, "soft_labels"])
+    assert list(read_task_stream(source, config, "cls")) == list(expected)
+    plain = write_shards(tmp_path / "plain", shards=1, rows_per_shard=8)
+    streams = {"cls": read_task_stream(source, config, "cls"), "sts": read_task_stream(plain["sts"], config, "sts")}
+    collate = StreamedBatchCollator(MTDNNCollator())
+    seen = set()
+    for batch in mixed_task_batches(streams, 4, {"cls": 0.5, "sts": 0.5}, seed=0).take(12):
+        padded = collate([batch])
+        task = TASKS[int(padded["task"][0])]
+        seen.add(task)
+        if task == "cls":
+            rows = [mark - FIRST_ROW_TOKEN for mark in padded["input_ids"][:, 2].tolist()]  # row n holds its mark
+            assert torch.allclose(padded["soft_labels"], torch.tensor([soft[n] for n in rows]))
+        else:
+            assert "soft_labels" not in padded
+    assert seen == {"cls", "sts"}
+    source.write_text("".join(json.dumps(r if n % 2 else row("cls", n)) + "\n" for n, r in enumerate(cls_rows)))
+    mixed = mixed_task_batches({"cls": read_task_stream(source, config, "cls")}, 4, {"cls": 1.0})
+    with pytest.raises(HfExtError, match=re.escape("cls training data: some rows have a softlabel and some do not")):
+        next(iter(mixed))
 
 
 def task_stream(task, index, rows):

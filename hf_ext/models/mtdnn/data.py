@@ -11,6 +11,7 @@ import itertools
 import json
 import random
 from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -473,13 +474,15 @@ def _copy_generator(generator):
 STREAM_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 # the columns of a streamed task's rows (`read_task_stream`), which `mixed_task_batches` batches
 STREAM_COLUMNS = ("input_ids", "token_type_ids", "attention_mask", "labels", "task")
+SOFT_LABELS = "soft_labels"  # a streamed row's optional column
 
 
 def read_task_stream(source: str | Path, config: MTDNNConfig, task: str | int) -> "IterableDataset":
     """The training data of one task as a `datasets.IterableDataset` read while training: the original's
     preprocessed JSON lines (`load_mtdnn_json`'s rows, each with a `label`) in a file, a folder of shards, a glob or
     a Hub dataset with those columns (`hf_ext.streaming.load_json_source`). Rows are checked as they are read, as
-    `load_mtdnn_json` checks them, and named by their `uid` in errors; a `softlabel` is not read. Sequence labeling,
+    `load_mtdnn_json` checks them, and named by their `uid` in errors; a row's `softlabel` (soft targets for
+    distillation, e.g. written by teachers beforehand) becomes its `soft_labels`. Sequence labeling,
     classification, regression and ranking tasks; span tasks read SQuAD text, which streams do not tokenize."""
     from ...streaming import load_json_source
 
@@ -497,9 +500,10 @@ def read_task_stream(source: str | Path, config: MTDNNConfig, task: str | int) -
         where = f"{name} training data, row uid {sample['uid']!r}" if "uid" in sample else f"{name} training data"
         if sample.get("label") is None:
             raise HfExtError(f"{where}: a training row needs a label")
+        if sample.get("softlabel") is None:  # the JSON reader gives rows without one the block's column, as null
+            sample.pop("softlabel", None)
         row = _json_row(sample, spec, config, where)
         assert row is not None  # only a max_length drops rows
-        row.pop("soft_labels", None)
         return {**row, "task": index}
 
     # row by row: a batched map would read rows ahead of the batches trained (past a shard that fails)
@@ -549,21 +553,29 @@ def mixed_task_batches(streams: Mapping[str, "IterableDataset"], batch_size: int
     used up), the task of each batch drawn with its probability (`datasets.interleave_datasets`, seeded by `seed`:
     processes with the same seed draw the same tasks). A row of the result holds the batch's `task` and its rows'
     columns as JSON text, `batch`: tasks of different shapes (a class id, a score, a tag per token, ranking groups)
-    share one schema, which `interleave_datasets` needs. `StreamedBatchCollator` pads it."""
+    share one schema, which `interleave_datasets` needs. `StreamedBatchCollator` pads it. Rows with soft labels
+    keep them (a batch needs them on all its rows or on none: `HfExtError` otherwise)."""
     from datasets import Features, Value, interleave_datasets
 
     tasks = list(streams)
     # with the features given, `interleave_datasets` reads nothing to learn them
     features = Features({"task": Value("int64"), "batch": Value("string")})
-    batches = [streams[task].map(_batch_row, batched=True, batch_size=batch_size, remove_columns=list(STREAM_COLUMNS),
-                                 features=features) for task in tasks]
+    batches = [streams[task].map(partial(_batch_row, task), batched=True, batch_size=batch_size,
+                                 remove_columns=[*STREAM_COLUMNS, SOFT_LABELS], features=features) for task in tasks]
     return interleave_datasets([stream.repeat(None) for stream in batches],
                                probabilities=[probabilities[task] for task in tasks], seed=seed,
                                stopping_strategy="all_exhausted")
 
 
-def _batch_row(rows: dict[str, list[Any]]) -> dict[str, list[Any]]:
-    return {"task": rows["task"][:1], "batch": [json.dumps({column: rows[column] for column in STREAM_COLUMNS})]}
+def _batch_row(task: str, rows: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    columns = {column: rows[column] for column in STREAM_COLUMNS}
+    soft_labels = rows.get(SOFT_LABELS)  # absent where no row of the batch has one
+    if soft_labels is not None:
+        if any(value is None for value in soft_labels):
+            raise HfExtError(f"{task} training data: some rows have a softlabel and some do not (a batch of "
+                             f"{len(soft_labels)} rows mixes them; give every row of a task a softlabel or none)")
+        columns[SOFT_LABELS] = soft_labels
+    return {"task": rows["task"][:1], "batch": [json.dumps(columns)]}
 
 
 class StreamedBatchCollator:
