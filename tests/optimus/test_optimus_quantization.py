@@ -161,6 +161,12 @@ def trained(tmp_path_factory):
     return workdir / "finetuned"
 
 
+@pytest.fixture
+def quantize_extra():
+    """Before `trained`: a missing bitsandbytes skips the test without training the model first."""
+    require_extra("quantize", "bitsandbytes")
+
+
 def teacher_forced_logits(model, batch):
     with torch.no_grad():
         return model(**batch).logits
@@ -192,8 +198,7 @@ def test_int8_decoder_agrees_with_float32_in_pytorch(trained, capsys):
 
 
 @pytest.mark.slow
-def test_nf4_decoder_agrees_with_float32_in_pytorch(trained, capsys):
-    require_extra("quantize", "bitsandbytes")
+def test_nf4_decoder_agrees_with_float32_in_pytorch(quantize_extra, trained, capsys):
     texts = bundled_sentences()
     space = OptimusLatentSpace.from_pretrained(str(trained), max_new_tokens=24)
     quantized = OptimusLatentSpace.from_pretrained(str(trained), max_new_tokens=24, quantize="nf4")

@@ -14,7 +14,6 @@ kernel (benchmarks/bench_weight_only_libraries.py).
 GPT-2's projections are transformers' `Conv1D` (a weight stored `[in, out]`), which no quantizer takes; they become
 `nn.Linear` layers holding the transposed weight first (transformers and peft have no public helper for it)."""
 
-import logging as logging_module
 import warnings
 
 import torch
@@ -29,8 +28,8 @@ from .modeling_optimus import OptimusModel
 logger = logging.get_logger(__name__)
 
 QUANTIZATIONS = ("int8", "nf4")
-# Linear4bit's compute dtype: float32 and bfloat16 decoded GPT-2 small equally fast on an AVX512-BF16 CPU, and float32
-# keeps the activations as they are
+# Linear4bit's compute dtype: float32 and bfloat16 decoded GPT-2 small equally fast on an AVX512-BF16 CPU (its kernel
+# multiplies in bfloat16 either way); float32 keeps the layers' inputs and outputs in the model's float32
 NF4_COMPUTE_DTYPE = torch.float32
 # bitsandbytes' CPU kernel packs a weight's rows in blocks of 32 (`_convert_weight_packed_for_cpu`, which asserts it);
 # a layer with another number of outputs (the head of a vocabulary such as GPT-2's 50257 + 3) stays float
@@ -122,9 +121,6 @@ def quantize_decoder(model: OptimusModel, scheme: str = "int8") -> OptimusModel:
 
 
 def _quantize_decoder_nf4(model: OptimusModel) -> OptimusModel:
-    # on an AVX512-BF16 CPU bitsandbytes first looks for the `kernels` package's 4-bit kernel and warns at import
-    # when it is absent; its own kernel, used then, is the one measured (docs/export.md)
-    logging_module.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging_module.ERROR)
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
