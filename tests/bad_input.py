@@ -8,9 +8,11 @@ import os
 import pickle
 import shutil
 import socket
+import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -39,6 +41,16 @@ class Payload:
 def without_cuda(cases: dict) -> dict:
     """`cases` where torch finds no CUDA device (`--device cuda` refused), none where it does."""
     return {} if torch.cuda.is_available() else cases
+
+
+# modules hidden by `without_module` until the case's run ends (tests/test_bad_input.py undoes them)
+HIDDEN_MODULES = pytest.MonkeyPatch()
+
+
+def without_module(module: str, argv: list) -> list:
+    """`argv`, to be run as if `module` were not installed (`import module` raises ImportError)."""
+    HIDDEN_MODULES.setitem(sys.modules, module, None)
+    return argv
 
 
 # listening sockets that hold their ports in use until the test process ends

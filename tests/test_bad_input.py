@@ -15,6 +15,7 @@ import sys
 
 import pytest
 from bad_input import (
+    HIDDEN_MODULES,
     REPO_ROOT,
     TOKEN,
     UT,
@@ -150,8 +151,11 @@ def test_bad_conversion_input_gives_one_line_and_writes_nothing(build, expected_
 def test_bad_command_input_gives_one_line_and_writes_nothing(build, expected_code, message, folder, tmp_path,
                                                              capsys, monkeypatch, request):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    argv = build(tmp_path, request.getfixturevalue(folder))
-    code, err = run(argv, capsys)
+    try:
+        argv = build(tmp_path, request.getfixturevalue(folder))
+        code, err = run(argv, capsys)
+    finally:
+        HIDDEN_MODULES.undo()
     assert_refused(tmp_path, code, err, expected_code, message)
     assert not (tmp_path / "out.png").exists()
     assert TOKEN not in err

@@ -22,6 +22,7 @@ from bad_input import (
     to_dev_zero,
     truncate,
     without_cuda,
+    without_module,
     written,
 )
 
@@ -163,13 +164,16 @@ COMMAND_CASES = {
         lambda tmp, folder: ["optimus", "encode", foreign_code(tmp), "a dog"], 1, "only with --trust-remote-code"),
     # --quantize: an unknown scheme, a model that is not an Optimus (a bare causal LM's folder)
     "unknown quantization": (lambda tmp, folder: ["optimus", "reconstruct", folder, "a dog", "--quantize", "int3"],
-                             2, "argument --quantize: invalid choice: 'int3' (choose from 'int8')"),
-    "4-bit in PyTorch (4-bit is an ONNX export's, --quantize int4)": (
+                             2, "argument --quantize: invalid choice: 'int3' (choose from 'int8', 'nf4')"),
+    "int4 in PyTorch (int4 is an ONNX export's; PyTorch's 4-bit is nf4)": (
         lambda tmp, folder: ["optimus", "reconstruct", folder, "a dog", "--quantize", "int4"], 2,
-        "argument --quantize: invalid choice: 'int4' (choose from 'int8')"),
+        "argument --quantize: invalid choice: 'int4' (choose from 'int8', 'nf4')"),
     "quantizing a decoder that is not an Optimus": (
         lambda tmp, folder: ["optimus", "sample", write_decoder(tmp / "gpt2"), "--quantize", "int8"], 1,
         "holds a 'gpt2' model, not an Optimus model"),
+    "--quantize nf4 without bitsandbytes": (
+        lambda tmp, folder: without_module("bitsandbytes", ["optimus", "sample", folder, "--quantize", "nf4"]), 1,
+        "--quantize nf4 needs bitsandbytes: pip install"),
     "--quantize on encode, which decodes nothing": (
         lambda tmp, folder: ["optimus", "encode", folder, "a dog", "--quantize", "int8"], 2,
         "unrecognized arguments: --quantize int8"),

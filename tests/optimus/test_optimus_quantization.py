@@ -1,9 +1,10 @@
-"""int8 decoding: `quantize_decoder` in PyTorch (GPT-2's Conv1D and Llama's Linear projections) and the int8 decoder
-graphs on ONNX Runtime (weight-only `--quantize int8`, and `int8-dynamic`), against float32 on a small trained model
-(the demo's, trained briefly): greedy tokens under teacher forcing and reconstruction word accuracy (thresholds
-below)."""
+"""int8 and nf4 decoding: `quantize_decoder` in PyTorch (GPT-2's Conv1D and Llama's Linear projections; nf4 through
+bitsandbytes) and the int8 decoder graphs on ONNX Runtime (weight-only `--quantize int8`, and `int8-dynamic`),
+against float32 on a small trained model (the demo's, trained briefly): greedy tokens under teacher forcing and
+reconstruction word accuracy (thresholds below)."""
 
 import copy
+import sys
 
 import numpy as np
 import pytest
@@ -35,6 +36,12 @@ GOAL_WORD_ACCURACY_POINTS = 0.01
 # hold what it gives; noise of 30% of one projection's spread added before quantizing gives 442/451.
 AGREEMENT = 0.985
 WORD_ACCURACY_POINTS = 0.05
+
+
+# nf4 (bitsandbytes' Linear4bit, 4-bit weights in blocks of 64; the head of this model's 604-token vocabulary stays
+# float, see quantization.NF4_ROW_BLOCK) keeps 445/451 of float32's greedy tokens under teacher forcing, as dynamic
+# int8 does; noise of 30% of its spread in the first layer's c_attn before quantizing gives 442/451 and fails it
+NF4_AGREEMENT = AGREEMENT
 
 
 def quantized_layers(model):
@@ -82,7 +89,7 @@ def test_quantize_decoder_refuses_what_it_cannot_quantize():
     with pytest.raises(HfExtError, match="applies to an Optimus model's decoder .*, not to a "
                                          "OptimusForSequenceClassification"):
         quantize_decoder(OptimusForSequenceClassification(config))
-    with pytest.raises(HfExtError, match=r"unknown quantization 'int3' \(choose from int8\)"):
+    with pytest.raises(HfExtError, match=r"unknown quantization 'int3' \(choose from int8, nf4\)"):
         quantize_decoder(random_model(config, seed=0), "int3")
 
 
@@ -100,6 +107,50 @@ def test_quantize_decoder_names_a_missing_quantized_engine(monkeypatch):
     assert quantized_layers(model) == []
 
 
+def nf4_layers(model):
+    import bitsandbytes
+
+    return [name for name, layer in model.named_modules() if isinstance(layer, bitsandbytes.nn.Linear4bit)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("base_vocabulary", "head"), [(61, "nf4"), (40, "float")])
+def test_nf4_decoder_covers_the_projections_and_the_head(base_vocabulary, head):
+    require_extra("quantize", "bitsandbytes")
+    # bitsandbytes' CPU kernel takes weights of a multiple of 32 rows: a vocabulary of 61 + 3 gives an nf4 head, one
+    # of 40 + 3 a float head
+    config = tiny_config(50, base_vocabulary, latent_size=8, hidden_size=64, num_layers=2)
+    model = random_model(config, seed=0, scale=0.2).eval()
+    latent_z = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    labels = torch.randint(3, 40, (3, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model(decoder_input_ids=labels, latent_z=latent_z).logits
+    quantized = quantize_decoder(copy.deepcopy(model), "nf4")
+    names = nf4_layers(quantized)
+    # GPT-2's 4 projections per layer, and the head where the kernel takes it
+    assert len(names) == 2 * 4 + (head == "nf4") and ("lm_head" in names) == (head == "nf4")
+    assert not any(name.startswith(("encoder", "to_latent", "latent_to")) for name in names)
+    with torch.no_grad():
+        logits = quantized(decoder_input_ids=labels, latent_z=latent_z).logits
+    error = (logits - expected).abs().max().item()
+    # 4-bit rounding of random weights: 0.22 and 0.29 of the largest logit here (a wrong layer gives no agreement on
+    # the trained model below)
+    assert 0 < error < 0.4 * expected.abs().max().item()
+    tokens = quantized.generate(latent_z=latent_z, max_new_tokens=6, do_sample=False)
+    assert tokens.shape == (3, 7)
+    # the embeddings the head was tied to keep their float weights
+    torch.testing.assert_close(quantized.decoder.get_input_embeddings().weight,
+                               model.decoder.get_input_embeddings().weight, rtol=0, atol=0)
+
+
+def test_quantize_decoder_names_a_missing_bitsandbytes(monkeypatch):
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # what `import bitsandbytes` meets when it is not installed
+    model = random_model(tiny_config(50, 40, latent_size=8, hidden_size=32, num_layers=1), seed=0)
+    with pytest.raises(HfExtError, match=r"--quantize nf4 needs bitsandbytes: pip install .*\[quantize\]"):
+        quantize_decoder(model, "nf4")
+    assert any(isinstance(layer, Conv1D) for layer in model.modules())  # left as it was
+
+
 # ----- on a small trained model ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -108,6 +159,12 @@ def trained(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("optimus_int8") / "demo"
     assert main(["demo", "--workdir", str(workdir), "--max-steps", "1500"]) == 0
     return workdir / "finetuned"
+
+
+@pytest.fixture
+def quantize_extra():
+    """Before `trained`: a missing bitsandbytes skips the test without training the model first."""
+    require_extra("quantize", "bitsandbytes")
 
 
 def teacher_forced_logits(model, batch):
@@ -136,6 +193,24 @@ def test_int8_decoder_agrees_with_float32_in_pytorch(trained, capsys):
     # (activations are quantized per batch, so the same batch: a row's tokens may depend on its neighbours)
     assert main(["optimus", "reconstruct", str(trained), *texts[:3], "--max-new-tokens", "24",
                  "--quantize", "int8"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{text}\t->\t{out}" for text, out in zip(texts[:3], quantized.reconstruct(texts[:3]), strict=True)]
+
+
+@pytest.mark.slow
+def test_nf4_decoder_agrees_with_float32_in_pytorch(quantize_extra, trained, capsys):
+    texts = bundled_sentences()
+    space = OptimusLatentSpace.from_pretrained(str(trained), max_new_tokens=24)
+    quantized = OptimusLatentSpace.from_pretrained(str(trained), max_new_tokens=24, quantize="nf4")
+    assert nf4_layers(quantized.model) and not nf4_layers(space.model)
+    batch = space.processor(texts)
+    equal, total = greedy_agreement(teacher_forced_logits(space.model, batch),
+                                    teacher_forced_logits(quantized.model, batch), batch["labels"],
+                                    space.model.config.decoder.pad_token_id)
+    assert total > 10 * len(texts) and equal / total >= NF4_AGREEMENT, (equal, total)
+    capsys.readouterr()
+    assert main(["optimus", "reconstruct", str(trained), *texts[:3], "--max-new-tokens", "24",
+                 "--quantize", "nf4"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         f"{text}\t->\t{out}" for text, out in zip(texts[:3], quantized.reconstruct(texts[:3]), strict=True)]
 

@@ -51,8 +51,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         add_model_argument(parser, "model folder or Hub repo id")
         if decodes:
             parser.add_argument("--quantize", choices=QUANTIZATIONS,
-                                help="int8 weights in the decoder's projections and LM head: faster decoding on the "
-                                "CPU, slightly different logits (docs/export.md)")
+                                help="int8 (PyTorch) or nf4 (bitsandbytes, the quantize extra) weights in the "
+                                "decoder's projections and LM head: faster decoding on the CPU, slightly different "
+                                "logits (docs/export.md)")
         parser.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens to generate (default 32)")
         parser.add_argument("--num-beams", type=positive_int, default=1, help="beam search width (default 1: greedy)")
         parser.add_argument("--sample", action="store_true", help="sample instead of greedy/beam decoding")

@@ -34,9 +34,9 @@ class OptimusLatentSpace:
         """The model and processor of `name_or_path` (a folder or Hub repo id), split as `transformers.pipeline`
         splits its keywords: where to find them (`trust_remote_code`, `revision`, `token`, `cache_dir`,
         `local_files_only`) goes to both `from_pretrained` calls; `dtype`, `device_map` and any other model keyword
-        in `model_kwargs` to the model's; `quantize="int8"` puts int8 weights in the decoder
-        (`quantization.quantize_decoder`, for decoding on the CPU); `max_new_tokens` and the rest (`num_beams`,
-        `do_sample`, `top_p`, ...) are the generation settings of every decoding."""
+        in `model_kwargs` to the model's; `quantize="int8"` (or "nf4", with bitsandbytes) puts int8 (or
+        4-bit) weights in the decoder (`quantization.quantize_decoder`, for decoding on the CPU); `max_new_tokens`
+        and the rest (`num_beams`, `do_sample`, `top_p`, ...) are the generation settings of every decoding."""
         from transformers import AutoModel, AutoProcessor
 
         hub = {"trust_remote_code": trust_remote_code, "revision": revision, "token": token, "cache_dir": cache_dir,
