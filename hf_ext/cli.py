@@ -6,13 +6,18 @@ Every failure a user can cause (bad input, refused checkpoint, bad argument) end
 line on stderr and a non-zero exit; set HF_EXT_DEBUG=1 for the traceback.
 """
 
+import logging
 import sys
 
-from . import __version__
-from .arguments import TOKEN_HELP, hub_token
-from .cli_utils import Parser, add_converter, add_model_argument, checked_argv, execute
-from .models import MODELS
-from .serve import add_serve_command
+# bitsandbytes (the quantize extra), imported by peft while commands are set up, warns through the standard logger
+# without a handler when an optional kernel package is absent: a line on every command's stderr otherwise
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+from . import __version__  # noqa: E402 (these imports follow the logger setting above)
+from .arguments import TOKEN_HELP, hub_token  # noqa: E402
+from .cli_utils import Parser, add_converter, add_model_argument, checked_argv, execute  # noqa: E402
+from .models import MODELS  # noqa: E402
+from .serve import add_serve_command  # noqa: E402
 
 
 def build_parser(prog: str = "hf-ext") -> Parser:
