@@ -6,6 +6,8 @@ Candidates, per decoder:
 - `float32 generate()`: `OptimusModel.generate`, the baseline;
 - `dynamic int8 generate()`: the same after `quantize_decoder(model, "int8")` (PyTorch's dynamic int8 linear layers:
   no maintained weight-only int8 for the CPU beat float32 in eager mode, docs/export.md);
+- `nf4 generate()`: after `quantize_decoder(model, "nf4")` (bitsandbytes' 4-bit layers on its CPU backend), where
+  bitsandbytes is installed (the quantize extra);
 - `onnxruntime float32`: `OptimusOnnx` on the float decoder graph;
 - `onnxruntime int8`, `onnxruntime int4`, `onnxruntime dynamic int8`: `OptimusOnnx` on the decoder graphs of
   `hf-ext export onnx --quantize int8` / `int4` / `int8-dynamic` (MatMulNBits int8 and 4-bit weights in blocks of 32;
@@ -23,6 +25,7 @@ reconstruction accuracy of a trained Optimus is checked in tests/optimus/test_op
 """
 
 import copy
+import importlib.util
 import statistics
 import tempfile
 from pathlib import Path
@@ -69,14 +72,15 @@ def llama_model(args):
 
 
 def teacher_forced_agreement(model, quantized, runtimes, processor):
-    """Per quantized candidate, its greedy tokens under teacher forcing against float32's, on the bundled
-    sentences, from the posterior means."""
+    """Per quantized candidate (`quantized`: the PyTorch models by candidate name), its greedy tokens under teacher
+    forcing against float32's, on the bundled sentences, from the posterior means."""
     batch = processor(bundled_sentences())
     pad = model.config.decoder.pad_token_id
     with torch.no_grad():
         mean = model.encode(batch["input_ids"], batch["attention_mask"])[0]
         reference = model(decoder_input_ids=batch["labels"], latent_z=mean).logits
-        found = {"dynamic int8 generate()": quantized(decoder_input_ids=batch["labels"], latent_z=mean).logits}
+        found = {name: module(decoder_input_ids=batch["labels"], latent_z=mean).logits
+                 for name, module in quantized.items()}
     float_runtime = runtimes["onnxruntime float32"]
     empty = np.zeros((mean.shape[0], float_runtime.key_value_heads, 0, float_runtime.head_dim), dtype=np.float32)
     feeds = {"input_ids": batch["labels"].numpy(), "latent_z": mean.numpy(),
@@ -113,14 +117,17 @@ def measure(name, model, processor, folder, new_tokens, repeats):
     runtimes = {"onnxruntime float32": OptimusOnnx(exported),
                 **{f"onnxruntime {scheme.replace('int8-dynamic', 'dynamic int8')}": OptimusOnnx(exported, scheme)
                    for scheme in ("int8", "int4", "int8-dynamic")}}
-    quantized = quantize_decoder(copy.deepcopy(model))
+    quantized = {"dynamic int8 generate()": quantize_decoder(copy.deepcopy(model))}
+    if importlib.util.find_spec("bitsandbytes") is not None:  # the quantize extra
+        quantized["nf4 generate()"] = quantize_decoder(copy.deepcopy(model), "nf4")
 
     latent_z = model.sample_prior(1, torch.Generator().manual_seed(1))
     generation = greedy_config(model.config, new_tokens)
     candidates = {
         "float32 generate()": torch.no_grad()(lambda: model.generate(latent_z=latent_z, generation_config=generation)),
-        "dynamic int8 generate()": torch.no_grad()(
-            lambda: quantized.generate(latent_z=latent_z, generation_config=generation)),
+        **{candidate: torch.no_grad()(lambda module=module: module.generate(latent_z=latent_z,
+                                                                            generation_config=generation))
+           for candidate, module in quantized.items()},
         **{candidate: (lambda runtime=runtime: runtime.generate(latent_z.numpy(), max_new_tokens=new_tokens,
                                                                 min_new_tokens=new_tokens))
            for candidate, runtime in runtimes.items()}}
