@@ -40,11 +40,7 @@ def main(corpus, out):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
-    # torch 2.13's gloo can abort the interpreter's teardown after the results are written (see
-    # tests/optimus/optimus_ddp_train.py): shut the group down, then leave without that teardown
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the shared ending
+    from distributed_script import run_then_leave
+
+    run_then_leave(main, *sys.argv[1:3])

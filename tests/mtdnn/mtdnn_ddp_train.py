@@ -6,7 +6,6 @@ usage: mtdnn_ddp_train.py TASK_DEF_YML DATA_DIR OUT
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -44,11 +43,7 @@ def main(task_def, data_dir, out):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
-    # torch 2.13's gloo can abort the interpreter's teardown ("terminate called without an active exception") after
-    # the results are written: shut the group down, then leave without that teardown
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the shared ending
+    from distributed_script import run_then_leave
+
+    run_then_leave(main, *sys.argv[1:4])

@@ -7,7 +7,6 @@ usage: universal_transformer_ddp_train.py OUT
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -50,11 +49,7 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
-    # torch 2.13's gloo can abort the interpreter's teardown ("terminate called without an active exception") after
-    # the results are written: shut the group down, then leave without that teardown
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the shared ending
+    from distributed_script import run_then_leave
+
+    run_then_leave(main, sys.argv[1])
