@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import PROCESS_TIMEOUT, REPO_ROOT, cli_run, run_torchrun
+from interrupted_runs import StopAtStep
 from streaming_corpus import RecordingCollator, tiny_config, tokenizer, write_corpus
-from transformers import TrainerCallback, TrainingArguments
+from transformers import TrainingArguments
 
 from hf_ext.errors import HfExtError
 from hf_ext.models.ernie2 import Ernie2ForPreTraining
@@ -65,17 +66,6 @@ def test_a_stage_mixes_its_tasks_at_the_requested_shares():
         stage_mixture({"capitalization": streams["capitalization"]}, stage)
 
 
-class StopAt(TrainerCallback):
-    """Stops a run like a crash once `step` is done (after its checkpoint was written)."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            raise KeyboardInterrupt
-
-
 def streamed_stage(corpus, out, callbacks=None):
     from hf_ext.models.ernie2.training import continual_pretraining
 
@@ -100,7 +90,7 @@ def streamed_stage(corpus, out, callbacks=None):
 def test_a_stage_resumed_mid_stream_reads_and_trains_what_an_uninterrupted_one_does(tmp_path):
     corpus = write_corpus(tmp_path / "corpus")
     expected_seen, expected, _ = streamed_stage(corpus, tmp_path / "whole")
-    streamed_stage(corpus, tmp_path / "resumed", [StopAt(4)])
+    streamed_stage(corpus, tmp_path / "resumed", [StopAtStep(4)])
     checkpoint = tmp_path / "resumed" / "stage-1" / "checkpoint-3"
     assert (checkpoint / "stream_state-rank0.json").is_file()
     seen, model, _ = streamed_stage(corpus, tmp_path / "resumed")

@@ -9,8 +9,8 @@ import re
 import pytest
 import torch
 from conftest import cli_run, run_torchrun
+from interrupted_runs import StopAtStep
 from streaming_mtdnn import FIRST_ROW_TOKEN, TASKS, RecordingCollator, batch_tasks, row, tiny_config, write_shards
-from transformers import TrainerCallback
 
 from hf_ext.errors import HfExtError
 from hf_ext.models.mtdnn import MTDNNModel
@@ -136,17 +136,6 @@ def test_a_process_whose_part_of_a_task_stream_has_no_rows_is_refused(tmp_path):
                      train_dataset=streams)
 
 
-class StopAt(TrainerCallback):
-    """Stops a run like a crash once `step` is done (after its checkpoint was written)."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            raise KeyboardInterrupt
-
-
 def streamed_run(sources, out, callbacks=()):
     config = tiny_config()
     torch.manual_seed(0)
@@ -169,7 +158,7 @@ def test_a_run_resumed_mid_stream_reads_and_trains_what_an_uninterrupted_one_doe
     whole, expected = streamed_run(sources, tmp_path / "whole")
     trained = batch_tasks(whole.batches[:8])  # the data loader reads one batch ahead
     assert all(len(tasks) == 1 for tasks in trained) and {task for (task,) in trained} == {0, 1, 2}
-    streamed_run(sources, tmp_path / "resumed", [StopAt(4)])
+    streamed_run(sources, tmp_path / "resumed", [StopAtStep(4)])
     checkpoint = tmp_path / "resumed" / "checkpoint-3"
     assert (checkpoint / "stream_state-rank0.json").is_file()
     resumed, model = streamed_run(sources, tmp_path / "resumed")

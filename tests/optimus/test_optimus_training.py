@@ -11,8 +11,9 @@ import pytest
 import torch
 from conftest import REPO_ROOT, cli_exit_code, run_torchrun
 from huggingface_hub import ModelCard
+from interrupted_runs import StopAtStep
 from safetensors.torch import load_file
-from transformers import AutoModel, BertTokenizer, GPT2Tokenizer, TrainerCallback, TrainingArguments
+from transformers import AutoModel, BertTokenizer, GPT2Tokenizer, TrainingArguments
 from transformers.pytorch_utils import Conv1D
 
 import hf_ext  # noqa: F401  (registers the Auto classes)
@@ -518,17 +519,6 @@ def test_two_process_cpu_training_with_torchrun(model_dir, tmp_path):
         assert logged(result["log_history"], "beta") == pytest.approx([1 / 3, 0.5, 5 / 6])
     assert ranks[0]["weights_checksum"] == ranks[1]["weights_checksum"]
     assert ranks[0]["log_history"][:-1] == ranks[1]["log_history"][:-1]  # the final entry holds each rank's timing
-
-
-class StopAtStep(TrainerCallback):
-    """Stops a run like a crash once `step` is done."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            raise KeyboardInterrupt
 
 
 def test_streamed_text_shards_train_and_resume_mid_stream_as_an_uninterrupted_run(processor, tmp_path,
