@@ -17,16 +17,23 @@ Two runs from the same start, the AdaVAE question (Tu et al., 2022) at CPU scale
   the decoder's added `<PAD>` embedding train;
 - "full fine-tuning": everything trains, as the original Optimus fine-tunes.
 
-Text (real English, 2 licences): the SNLI sample of `tests/data/snli_sentences` (the Optimus repository's debug
-split of SNLI, CC BY-SA 4.0: train and valid for training, test held out) and first sentences of 5 to 16 words from
-the docstrings of Python's standard library (PSF licence; read with the ERNIE reproduction's `stdlib_corpus`), 40 of
-them held out. Measured on the held-out sentences and on as many training ones: reconstruction word accuracy
-(greedy decoding from the posterior mean), KL, mutual information and active units (`evaluate_optimus_lm`), and
-interpolations and prior samples shown; trainable parameters and seconds.
+Text, `--text real` (the default; real English, 2 licences): the SNLI sample of `tests/data/snli_sentences` (the
+Optimus repository's debug split of SNLI, CC BY-SA 4.0: train and valid for training, test held out) and first
+sentences of 5 to 16 words from the docstrings of Python's standard library (PSF licence; read with the ERNIE
+reproduction's `stdlib_corpus`), 40 of them held out. Measured on the held-out sentences and on as many training
+ones: reconstruction word accuracy (greedy decoding from the posterior mean), KL, mutual information and active
+units (`evaluate_optimus_lm`), and interpolations and prior samples shown; trainable parameters and seconds.
+
+Text, `--text parts`: the AdaVAE question on text that a CPU affords learning, the sentences of the demo's form
+("SUBJECT is ACTIVITY PLACE .", every combination of its 6 subjects, 6 activities and 6 places, 216 sentences), 40
+combinations held out: the held-out accuracy is how well the latent carries parts in combinations never trained on.
 
     python reproductions/optimus_backbones.py ~/.cache/hf-ext/backbones
     python reproductions/optimus_real_backbones.py --backbones ~/.cache/hf-ext/backbones --threads 1 --steps 5000 \\
         --output optimus_real_backbones.json --plot optimus_real_backbones.png
+    python reproductions/optimus_real_backbones.py --backbones ~/.cache/hf-ext/backbones --text parts --jobs 2 \\
+        --threads 1 --steps 300 --output reproductions/results/optimus_backbones_parts.json \\
+        --plot docs/images/optimus_backbones_parts.png
 """
 
 import random
@@ -41,7 +48,7 @@ from ernie2_continual import stdlib_corpus
 
 from hf_ext.models.optimus import OptimusLatentSpace
 from hf_ext.models.optimus.backbones import optimus_from_backbones, save_backbones_adapter
-from hf_ext.models.optimus.demo import ProgressLines
+from hf_ext.models.optimus.demo import ProgressLines, recombined_sentences
 from hf_ext.models.optimus.metrics import evaluate_optimus_lm, word_accuracy
 from hf_ext.models.optimus.tiny_backbones import write_decoder, write_encoder
 from hf_ext.models.optimus.training import finetune_optimus, freeze_or_adapt
@@ -52,6 +59,11 @@ ENCODER_FOLDER, DECODER_FOLDER = "all-MiniLM-L6-v2", "SmolLM2-135M-Instruct-Q4_1
 SNLI = REPOSITORY / "tests" / "data" / "snli_sentences"
 WORDS = (5, 16)  # the sentence lengths kept from the docstrings
 HELD_OUT_DOCSTRINGS = 40  # beside SNLI's 40 test sentences
+HELD_OUT_COMBINATIONS = 40  # of the 216 sentences of `--text parts`
+TEXTS = {"real": "SNLI sample (tests/data/snli_sentences, CC BY-SA 4.0); first sentences of Python standard-library "
+                 "docstrings (PSF licence)",
+         "parts": "the demo's sentence form: every SUBJECT x ACTIVITY x PLACE combination "
+                  "(hf_ext.models.optimus.demo.recombined_sentences), 40 combinations held out"}
 # (name, LoRA, learning rate): a usual rate for LoRA adapters, a usual one for fine-tuning a whole small LM
 RUNS = (("frozen + LoRA", True, 1e-3), ("full fine-tuning", False, 1e-4))
 LATENT_SIZE = 32
@@ -67,8 +79,15 @@ SHOWN = 6  # held-out reconstructions kept in the results
 IMPORTANCE_SAMPLES = 5
 
 
-def corpus(seed: int, quick: bool) -> dict[str, list[str]]:
-    """Training and held-out sentences: SNLI's sample, and docstring sentences of the standard library."""
+def corpus(text: str, seed: int, quick: bool) -> dict[str, list[str]]:
+    """Training and held-out sentences: SNLI's sample and docstring sentences of the standard library (`real`), or
+    the combinations of the demo's parts, some held out (`parts`)."""
+    if text == "parts":
+        sentences = recombined_sentences()
+        random.Random(seed).shuffle(sentences)
+        held_out, train = sentences[:HELD_OUT_COMBINATIONS], sentences[HELD_OUT_COMBINATIONS:]
+        return {"train": train[:48], "held_out": held_out[:8]} if quick else {"train": train, "held_out": held_out}
+
     def lines(name):
         return [line.strip() for line in (SNLI / name).read_text(encoding="utf-8").splitlines() if line.strip()]
 
@@ -140,7 +159,7 @@ def train_run(name, lora, learning_rate, encoder, decoder, texts, steps, seed, f
 
 
 def run(args) -> dict:
-    texts = corpus(args.seed, args.quick)
+    texts = corpus(args.text, args.seed, args.quick)
     steps = QUICK_STEPS if args.quick else args.steps
     with tempfile.TemporaryDirectory() as scratch:
         if args.quick:
@@ -153,9 +172,8 @@ def run(args) -> dict:
     return {
         "backbones": {"encoder": "stand-in" if args.quick else Path(args.encoder).name,
                       "decoder": "stand-in" if args.quick else Path(args.decoder).name},
-        "corpus": {"train": len(texts["train"]), "held_out": len(texts["held_out"]),
-                   "sources": "SNLI sample (tests/data/snli_sentences, CC BY-SA 4.0); first sentences of Python "
-                              "standard-library docstrings (PSF licence)"},
+        "corpus": {"text": args.text, "train": len(texts["train"]), "held_out": len(texts["held_out"]),
+                   "sources": TEXTS[args.text]},
         "settings": {"steps": steps, "batch_size": BATCH_SIZE, "latent_size": LATENT_SIZE, "lora_rank": LORA_RANK,
                      "beta": BETA, "dim_target_kl": DIM_TARGET_KL, "max_length": MAX_LENGTH},
         "runs": runs,
@@ -210,7 +228,8 @@ def draw(pyplot, results: dict, path: Path) -> None:
     kl_axis.set(title="KL(q(z|x) || p(z)) (nats)", xlabel="step")
     for axis in (loss_axis, kl_axis):
         axis.legend()
-    figure.suptitle("Optimus on all-MiniLM-L6-v2 + SmolLM2-135M: frozen backbones with LoRA against full fine-tuning")
+    figure.suptitle("Optimus on all-MiniLM-L6-v2 + SmolLM2-135M: frozen backbones with LoRA against full fine-tuning "
+                    f"({results['per_seed'][0]['corpus']['text']} text)")
     figure.savefig(path, dpi=100)
 
 
@@ -235,6 +254,9 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=STEPS,
                         help=f"training steps of each run (default {STEPS}: what two CPU cores train in about ten "
                              "minutes a run, not enough to learn to reconstruct; a GPU affords thousands)")
+    parser.add_argument("--text", choices=sorted(TEXTS), default="real",
+                        help="real: SNLI's sample and standard-library docstrings (default); parts: the demo's "
+                             "sentence form, every combination of its parts, 40 held out")
     parser.add_argument("--adapter", type=Path,
                         help="save the LoRA run's adapter here (one seed only), from which "
                              "optimus_from_backbones_and_adapter rebuilds the trained model")
