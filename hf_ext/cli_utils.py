@@ -275,7 +275,8 @@ def _fail(prog, message, code=1):
     return code
 
 
-DATASETS_JSON_LOGGER = "datasets.packaged_modules.json.json"
+# the readers of datasets' `json` and `csv` builders, which log an error line before they raise
+DATASETS_READER_LOGGERS = ("datasets.packaged_modules.json.json", "datasets.packaged_modules.csv.csv")
 
 
 def configure_logging(verbosity: int = 0) -> None:
@@ -294,8 +295,10 @@ def configure_logging(verbosity: int = 0) -> None:
         hf_ext_logger.addHandler(StderrLines())
     hf_ext_logger.setLevel(pylogging.WARNING if verbosity < 0 else pylogging.INFO)
     hf_ext_logger.propagate = False
-    # the error line of datasets' JSON reader before it raises: the command's own error names the file and line
-    pylogging.getLogger(DATASETS_JSON_LOGGER).setLevel(pylogging.NOTSET if verbosity > 0 else pylogging.CRITICAL)
+    # the error line of datasets' JSON and CSV readers before they raise: the command's own error names the file and
+    # line
+    for reader in DATASETS_READER_LOGGERS:
+        pylogging.getLogger(reader).setLevel(pylogging.NOTSET if verbosity > 0 else pylogging.CRITICAL)
 
 
 class StderrLines(pylogging.Handler):

@@ -4,6 +4,7 @@ any model that trains on GLUE (MT-DNN's multi-task training, ERNIE 2.0's fine-tu
 The layouts are those of namisan/mt-dnn's `experiments/glue/glue_utils.py` (HEAD 3228e7c) and GLUE's own files.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -100,28 +101,9 @@ def _label_id(value, names, num_labels, where):
     return label
 
 
-def read_glue_tsv(path: str | Path, spec: dict, tokenizer: "PreTrainedTokenizerBase", max_length: int = 512,
-                  layout: str | None = None) -> "Dataset":
-    """A GLUE-format TSV file as a tokenized `datasets.Dataset` for one task.
-
-    Args:
-        path: the TSV file (GLUE's own layout for the task: CoLA train/dev without header, MNLI's matched and
-            mismatched files alike, test files without labels).
-        spec (`dict`): the task's description, as MT-DNN's configuration holds it: `name`, `type`
-            (`classification`, `regression` or `ranking`), `num_labels`, `data_format` (`PremiseOnly` or
-            `PremiseAndOneHypothesis`), optional `labels` (label names in id order) and `group_size` (ranking);
-            `glue_task_spec` gives the one of a GLUE task.
-        tokenizer: a BERT tokenizer; premise and hypothesis are encoded as one pair, truncated to `max_length`.
-        layout (`str`, *optional*): the GLUE task whose layout the file has; the task's name when unset.
-
-    Returns:
-        columns `input_ids`, `token_type_ids`, `attention_mask` and `labels` (class ids
-        in the order of the task's `labels`, or float scores) when the file has labels. A ranking task (group size
-        2) reads the pair rows of a QNLI-like layout as the original's QNLI ranking (see `_ranking_pairs`): each
-        row then holds the two candidates' token lists and the index of the positive one.
-    """
-    from datasets import Dataset
-
+def glue_shape(spec: dict, layout: str | None = None) -> GlueLayout:
+    """The GLUE layout that the TSV rows of task `spec` have (`layout`, or the task's name), checked against the
+    task: its type (a score or classes; QNLI-like pairs for a ranking task), number of classes and data format."""
     shape = glue_layout(layout or spec["name"])
     if spec["type"] == "ranking":
         if shape.hypothesis is None or shape.labels is None or spec["group_size"] != 2:
@@ -138,20 +120,97 @@ def read_glue_tsv(path: str | Path, spec: dict, tokenizer: "PreTrainedTokenizerB
         holds = "single sentences" if shape.hypothesis is None else "pairs"
         raise HfExtError(f"task {spec['name']} reads {spec['data_format']} rows but the GLUE layout "
                          f"{layout or spec['name']} holds {holds}")
+    return shape
+
+
+def glue_header(first: list[str], shape: GlueLayout, path: str | Path, layout: str) -> tuple[list[str], bool]:
+    """The column names of a GLUE TSV file of layout `shape` whose first line has the fields `first`, and whether
+    that line is the header (CoLA's train and dev files have none)."""
+    if shape.premise in first:
+        return first, True
+    if shape.headerless and len(first) == len(shape.headerless):
+        return list(shape.headerless), False
+    raise HfExtError(f"{path} is not a GLUE {layout} TSV file: its first line has no {shape.premise!r} column")
+
+
+def glue_examples(rows: dict[str, list[str]], spec: dict, shape: GlueLayout, where: Callable[[int], str],
+                  ) -> dict[str, list[Any]]:
+    """The `premise`, `hypothesis` (pair layouts) and `labels` (when `rows` hold the layout's label column) of the
+    TSV `rows` (`{column: fields}`) of task `spec`: class ids in the order of the task's `labels` (ranking: of the
+    layout's), or float scores. NLI rows without a gold label are left out, as the original does; `where(i)` names
+    row `i` in errors."""
+    names = spec.get("labels") or list(shape.labels or ())
+    labelled = shape.label in rows
+    examples: dict[str, list[Any]] = {"premise": [], "hypothesis": [], "labels": []}
+    for i, premise in enumerate(rows[shape.premise]):
+        if labelled:
+            value = rows[shape.label][i]
+            if value == NO_GOLD_LABEL and shape.labels:
+                continue
+            if spec["type"] == "ranking":
+                assert shape.labels is not None  # a ranking task's layout has labels (`glue_shape`)
+                label = _label_id(value, list(shape.labels), len(shape.labels), where(i))
+            elif spec["type"] == "regression":
+                try:
+                    label = float(value)
+                except ValueError:
+                    raise HfExtError(f"{where(i)}: score {value!r} is not a number") from None
+            else:
+                label = _label_id(value, names, spec["num_labels"], where(i))
+            examples["labels"].append(label)
+        examples["premise"].append(premise)
+        examples["hypothesis"].append(rows[shape.hypothesis][i] if shape.hypothesis else None)
+    if not labelled:
+        del examples["labels"]
+    if shape.hypothesis is None:
+        del examples["hypothesis"]
+    return examples
+
+
+def encode_glue_examples(examples: dict[str, list[Any]], tokenizer: "PreTrainedTokenizerBase", max_length: int = 512,
+                         ) -> dict[str, list[Any]]:
+    """`glue_examples`' premises (and hypotheses, as one pair) tokenized and truncated to `max_length`: the columns
+    `input_ids`, `token_type_ids`, `attention_mask`, and `labels` where the examples have them."""
+    encoded = tokenizer(examples["premise"], examples.get("hypothesis"), truncation=True, max_length=max_length,
+                        return_token_type_ids=True, return_attention_mask=True)
+    columns = {key: encoded[key] for key in ("input_ids", "token_type_ids", "attention_mask")}
+    if "labels" in examples:
+        columns["labels"] = examples["labels"]
+    return columns
+
+
+def read_glue_tsv(path: str | Path, spec: dict, tokenizer: "PreTrainedTokenizerBase", max_length: int = 512,
+                  layout: str | None = None) -> "Dataset":
+    """A GLUE-format TSV file as a tokenized `datasets.Dataset` for one task.
+
+    Args:
+        path: the TSV file (GLUE's own layout for the task: CoLA train/dev without header, MNLI's matched and
+            mismatched files alike, test files without labels).
+        spec (`dict`): the task's description, as MT-DNN's configuration holds it: `name`, `type`
+            (`classification`, `regression` or `ranking`), `num_labels`, `data_format` (`PremiseOnly` or
+            `PremiseAndOneHypothesis`), optional `labels` (label names in id order) and `group_size` (ranking);
+            `glue_task_spec` gives the one of a GLUE task.
+        tokenizer: a BERT tokenizer; premise and hypothesis are encoded as one pair, truncated to `max_length`.
+        layout (`str`, *optional*): the GLUE task whose layout the file has; the task's name when unset.
+
+    Returns:
+        columns `input_ids`, `token_type_ids`, `attention_mask` and `labels` (class ids
+        in the order of the task's `labels`, or float scores) when the file has labels (`glue_examples`,
+        `encode_glue_examples`). A ranking task (group size 2) reads the pair rows of a QNLI-like layout as the
+        original's QNLI ranking (see `_ranking_pairs`): each row then holds the two candidates' token lists and the
+        index of the positive one.
+    """
+    from datasets import Dataset
+
+    shape = glue_shape(spec, layout)
     lines = read_lines(path, "GLUE file")
     if not any(line.strip() for line in lines):
         raise HfExtError(f"GLUE file {path} is empty")
-    first = lines[0].split("\t")
-    if shape.premise in first:
-        header, start = first, 1
-    elif shape.headerless and len(first) == len(shape.headerless):
-        header, start = list(shape.headerless), 0
-    else:
-        raise HfExtError(f"{path} is not a GLUE {layout or spec['name']} TSV file: its first line has no "
-                         f"{shape.premise!r} column")
+    header, has_header = glue_header(lines[0].split("\t"), shape, path, layout or spec["name"])
+    start = 1 if has_header else 0
     columns = {name: header.index(name) for name in (shape.premise, shape.hypothesis, shape.label) if name in header}
-    names = spec.get("labels") or list(shape.labels or ())
-    rows: dict[str, list[Any]] = {"premise": [], "hypothesis": [], "labels": []}
+    rows: dict[str, list[str]] = {name: [] for name in columns}
+    numbers = []
     for number, line in enumerate(lines[start:], start + 1):
         if not line.strip():
             continue
@@ -159,41 +218,15 @@ def read_glue_tsv(path: str | Path, spec: dict, tokenizer: "PreTrainedTokenizerB
         if len(fields) != len(header):
             raise HfExtError(f"{path}, line {number}: {len(fields)} tab-separated fields where the header has "
                              f"{len(header)}")
-        if shape.label in columns:
-            value = fields[columns[shape.label]]
-            if value == NO_GOLD_LABEL and shape.labels:
-                continue
-            where = f"{path}, line {number}"
-            if spec["type"] == "ranking":
-                assert shape.labels is not None  # a ranking task's layout has labels (checked above)
-                label = _label_id(value, list(shape.labels), len(shape.labels), where)
-            elif spec["type"] == "regression":
-                try:
-                    label = float(value)
-                except ValueError:
-                    raise HfExtError(f"{where}: score {value!r} is not a number") from None
-            else:
-                label = _label_id(value, names, spec["num_labels"], where)
-            rows["labels"].append(label)
-        rows["premise"].append(fields[columns[shape.premise]])
-        rows["hypothesis"].append(fields[columns[shape.hypothesis]] if shape.hypothesis else None)
-    if not rows["premise"]:
+        for name, column in columns.items():
+            rows[name].append(fields[column])
+        numbers.append(number)
+    examples = glue_examples(rows, spec, shape, lambda i: f"{path}, line {numbers[i]}")
+    if not examples["premise"]:
         raise HfExtError(f"GLUE file {path} has no rows")
-    if shape.label not in columns:
-        del rows["labels"]
-    if shape.hypothesis is None:
-        del rows["hypothesis"]
     if spec["type"] == "ranking":
-        return _ranking_pairs(rows, shape, tokenizer, max_length, path)
-
-    def encode(batch):
-        encoded = tokenizer(batch["premise"], batch.get("hypothesis"), truncation=True, max_length=max_length,
-                            return_token_type_ids=True, return_attention_mask=True)
-        return {"input_ids": encoded["input_ids"], "token_type_ids": encoded["token_type_ids"],
-                "attention_mask": encoded["attention_mask"]}
-
-    dataset = Dataset.from_dict(rows)
-    return dataset.map(encode, batched=True, remove_columns=[c for c in ("premise", "hypothesis") if c in rows])
+        return _ranking_pairs(examples, shape, tokenizer, max_length, path)
+    return Dataset.from_dict(encode_glue_examples(examples, tokenizer, max_length))
 
 
 def _ranking_pairs(rows, shape, tokenizer, max_length, path, seed=0):
@@ -236,4 +269,5 @@ def _ranking_pairs(rows, shape, tokenizer, max_length, path, seed=0):
     return Dataset.from_dict(groups)
 
 
-__all__ = ["GLUE_ALIASES", "GLUE_LAYOUTS", "GlueLayout", "glue_layout", "glue_task", "glue_task_spec", "read_glue_tsv"]
+__all__ = ["GLUE_ALIASES", "GLUE_LAYOUTS", "GlueLayout", "encode_glue_examples", "glue_examples",
+           "glue_header", "glue_layout", "glue_shape", "glue_task", "glue_task_spec", "read_glue_tsv"]

@@ -83,24 +83,61 @@ def load_json_source(source: str | Path, what: str, streaming: bool = False, fea
             HfExtError(f"cannot read the {what}: {one_line(error)}") from None
 
 
-def corpus_error(files: list[str], what: str, error: BaseException) -> HfExtError:
-    """The error line for a failure while reading the JSON-lines `files`: the first line that is not JSON (file and
-    line number; the `json` builder's parser only names its block), files without a row, else the reader's own
-    message. Reads the files again, line by line: only on this failure path."""
-    rows = 0
+def corpus_error(files: list[str], what: str, error: BaseException, layout: str = "json_lines") -> HfExtError:
+    """The error line for a failure while reading `files` (`layout`: see `damaged_line`; the readers' parsers name a
+    block or a chunk, not the line): the first damaged line (file and line number), JSON-lines files without a row,
+    else the reader's own message. Reads the files again: only on this failure path."""
+    damaged = damaged_line(files, what, layout)
+    if damaged is not None:
+        return damaged
+    if layout == "json_lines" and not any(line.strip() for file in files for line in _lines(file)):
+        return HfExtError(f"{what} {', '.join(files)}: no rows")  # the `json` builder finds no row to learn columns
+    return HfExtError(f"cannot read the {what}: {one_line(error)}")
+
+
+def damaged_line(files: list[str], what: str, layout: str = "json_lines") -> HfExtError | None:
+    """The error line naming the first damaged line of `files`, None where none is: `layout` `json_lines`, a line
+    that is not JSON; `json_document`, the line where a file stops being one JSON document; `tsv`, a line whose
+    number of tab-separated fields differs from the file's first line's (a TSV row with fields missing or extra);
+    `text`, a line that is not UTF-8."""
     for file in files:
-        with (gzip.open if file.endswith(".gz") else open)(file, "rt", encoding="utf-8", errors="replace") as lines:
-            for number, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                rows += 1
+        if layout == "json_document":
+            try:
+                json.loads("\n".join(_lines(file)))
+            except json.JSONDecodeError as decode_error:
+                return HfExtError(f"{what} {file}, line {decode_error.lineno}: not JSON ({decode_error.msg})")
+            continue
+        width = None
+        for number, line in enumerate(_lines(file), 1):
+            if "\ufffd" in line and layout == "text":
+                return HfExtError(f"{what} {file}, line {number}: not UTF-8 text")
+            if not line.strip():
+                continue
+            if layout == "tsv":
+                fields = len(line.split("\t"))
+                width = width or fields
+                if fields != width:
+                    return HfExtError(f"{what} {file}, line {number}: {fields} tab-separated fields where its first "
+                                      f"line has {width}")
+            elif layout == "json_lines":
                 try:
                     json.loads(line)
                 except json.JSONDecodeError as decode_error:
                     return HfExtError(f"{what} {file}, line {number}: not JSON ({decode_error.msg})")
-    if not rows:  # the `json` builder finds no row to learn the columns from
-        return HfExtError(f"{what} {', '.join(files)}: no rows")
-    return HfExtError(f"cannot read the {what}: {one_line(error)}")
+    return None
+
+
+def _lines(file: str) -> Iterator[str]:
+    """The lines of a text shard (gzipped where its name ends in .gz), undecodable bytes read as U+FFFD."""
+    with (gzip.open if file.endswith(".gz") else open)(file, "rt", encoding="utf-8-sig", errors="replace") as lines:
+        for line in lines:
+            yield line.rstrip("\r\n")
+
+
+class MalformedRowError(ValueError):
+    """A row that a stream's reader gave although its line is malformed (a TSV line with fields missing, which the
+    CSV reader fills with None). Raised while the stream is read, as the reader's own errors are (not an
+    `HfExtError`): training keeps the steps trained (`StreamReadError`) and `damaged_line` names the line."""
 
 
 class StreamReadError(HfExtError):
@@ -271,6 +308,6 @@ def restore_stream_position(stream: "IterableDataset", checkpoint: str | Path | 
     return True
 
 
-__all__ = ["PositionedStream", "RestoreRngStates", "StreamPositionCallback", "StreamReadError", "corpus_error",
-           "data_files", "is_stream", "kept_by_several_processes", "load_json_source", "restore_stream_position",
-           "split_for_process", "stream_dataloader", "train_keeping_progress"]
+__all__ = ["MalformedRowError", "PositionedStream", "RestoreRngStates", "StreamPositionCallback", "StreamReadError",
+           "corpus_error", "damaged_line", "data_files", "is_stream", "kept_by_several_processes", "load_json_source",
+           "restore_stream_position", "split_for_process", "stream_dataloader", "train_keeping_progress"]

@@ -60,6 +60,11 @@ qa:
 gen:
   n_class: 2
   task_type: SeqenceGeneration
+qnnli:
+  data_format: PremiseAndMultiHypothesis
+  labels: [not_entailment, entailment]
+  n_class: 1
+  task_type: Ranking
 """
 
 
@@ -175,6 +180,18 @@ def sst_shards(tmp, damaged=False, soft_labels_on_some=False):
     return folder
 
 
+def tsv_shards(tmp, damaged_line):
+    """Two GLUE TSV shards of the sample model's sst task; line 3 of the second is `damaged_line`."""
+    folder = tmp / "sst"
+    folder.mkdir()
+    for shard in range(2):
+        lines = ["sentence\tlabel\n", *(f"a man\t{i % 2}\n" for i in range(8))]
+        if shard == 1:
+            lines[2] = damaged_line
+        (folder / f"shard-{shard}.tsv").write_text("".join(lines))
+    return folder
+
+
 def streamed_train(tmp, folder, source, *extra):
     """`hf-ext mtdnn train --streaming` of the sample model's sst task from `source`."""
     return ["mtdnn", "train", folder, "--train", f"sst={source}", "--output-dir", tmp / "out", "--streaming",
@@ -236,7 +253,8 @@ COMMAND_CASES = {
         "--device", "cuda:99"], 2, "argument --device: cuda:99: "),
     # --streaming (hf_ext.models.mtdnn.data.read_task_stream, hf_ext.streaming)
     "streamed mtdnn train from a folder without shards": (lambda tmp, folder: streamed_train(
-        tmp, folder, (tmp / "sst").mkdir() or tmp / "sst"), 1, "sst holds no shards (*.jsonl, *.json, *.jsonl.gz"),
+        tmp, folder, (tmp / "sst").mkdir() or tmp / "sst"), 1,
+        "sst holds no shards (*.json, *.jsonl, *.json.gz, *.jsonl.gz, *.tsv)"),
     "streamed mtdnn train from a shard that does not exist": (lambda tmp, folder: streamed_train(
         tmp, folder, tmp / "gone.jsonl"), 1, "gone.jsonl does not exist"),
     "streamed mtdnn train from a glob matching no shard": (lambda tmp, folder: streamed_train(
@@ -251,9 +269,25 @@ COMMAND_CASES = {
         "sst training data: some rows have a softlabel and some do not"),
     "streamed mtdnn train from an empty shard": (lambda tmp, folder: streamed_train(
         tmp, folder, written(tmp / "sst.jsonl", "")), 1, "sst.jsonl: no rows"),
-    "streamed mtdnn train from a GLUE .tsv file": (lambda tmp, folder: streamed_train(
-        tmp, folder, written(tmp / "sst.tsv", "sentence\tlabel\na man\t1\n")), 1,
-        "a stream reads the original's preprocessed JSON lines (.json, .jsonl, also gzipped), not this file"),
+    "streamed mtdnn train from a GLUE test file without labels": (lambda tmp, folder: streamed_train(
+        tmp, folder, written(tmp / "sst.tsv", "index\tsentence\n0\ta man\n")), 1,
+        "sst.tsv: training data needs labels; this GLUE sst file has no 'label' column (a test file?)"),
+    "streamed mtdnn train from a TSV shard with a line missing a field": (lambda tmp, folder: streamed_train(
+        tmp, folder, tsv_shards(tmp, "a man\n")), 1,
+        "shard-1.tsv, line 3: 1 tab-separated fields where its first line has 2"),
+    "streamed mtdnn train from a TSV shard with a line with a field too many": (lambda tmp, folder: streamed_train(
+        tmp, folder, tsv_shards(tmp, "a man\t1\t1\n")), 1,
+        "shard-1.tsv, line 3: 3 tab-separated fields where its first line has 2"),
+    "streamed mtdnn train from shards of two formats": (lambda tmp, folder: streamed_train(
+        tmp, folder, (sst_shards(tmp), written(tmp / "sst" / "more.tsv", "sentence\tlabel\na man\t1\n"))[0]), 1,
+        "mixes formats (.jsonl, .tsv): give one task's shards in one format"),
+    "streamed mtdnn train of a ranking task from GLUE TSV rows": (lambda tmp, folder: token_task_run(
+        tmp, "qnnli", "qnli.tsv", "question\tsentence\tlabel\nwho ?\tjohn\tentailment\nwho ?\tparis\t"
+        "not_entailment\n", "--streaming", "--max-steps", "2"), 1,
+        "ranking task qnnli pairs consecutive GLUE TSV rows (the original's QNLI ranking), which a stream"),
+    "streamed mtdnn train of a span task from a TSV file": (lambda tmp, folder: token_task_run(
+        tmp, "qa", "qa.tsv", "question\tsentence\tlabel\nwho ?\tjohn\t1\n", "--streaming", "--max-steps", "2"), 1,
+        "qa.tsv: span task qa reads SQuAD data (.json or .jsonl, also gzipped)"),
     "streamed mtdnn train without --max-steps": (lambda tmp, folder: streamed_train(
         tmp, folder, sst_shards(tmp))[:-2], 1, "--streaming needs --max-steps (a stream has no length)"),
     "streamed mtdnn train with --mix-opt 1": (lambda tmp, folder: streamed_train(

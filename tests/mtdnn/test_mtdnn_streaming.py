@@ -44,9 +44,10 @@ def test_streamed_rows_are_the_map_style_rows_and_bad_rows_are_named(tmp_path):
         bad.write_text(json.dumps(text) + "\n")
         with pytest.raises(HfExtError, match=re.escape(message)):
             list(read_task_stream(bad, config, "cls"))
-    (tmp_path / "cls.tsv").write_text("a\tb\n")
-    with pytest.raises(HfExtError, match="a stream reads the original's preprocessed JSON lines"):
-        read_task_stream(tmp_path / "cls.tsv", config, "cls")
+    (tmp_path / "cls.csv").write_text("a,b\n")
+    with pytest.raises(HfExtError, match="cls.csv: data files are GLUE .tsv files or the original's preprocessed .json "
+                       "lines"):
+        read_task_stream(tmp_path / "cls.csv", config, "cls")
 
 
 def test_streamed_soft_labels_reach_the_batches_as_map_style_rows_give_them(tmp_path):

@@ -129,10 +129,11 @@ def _add_training_arguments(parser):
 def _add_streaming_arguments(parser):
     streaming = parser.add_argument_group("streamed training data, for data larger than memory (docs/scale.md)")
     streaming.add_argument("--streaming", action="store_true",
-                           help="read each --train PATH as a stream while training: the original's preprocessed "
-                           "JSON lines in a file, a folder of shards (*.jsonl, *.json, also gzipped), a glob or a "
-                           "Hub dataset id; each process reads its own part; every batch holds one task, the task "
-                           "drawn by --task-probabilities (or --ratio); needs --max-steps")
+                           help="read each --train PATH as a stream while training, tokenizing text as it is read: "
+                           "a file, a folder of shards or a glob in one of --train's formats (GLUE .tsv, CoNLL, "
+                           "Seqence .tsv, SQuAD .json/.jsonl, the original's preprocessed .json lines; JSON also "
+                           "gzipped), or a Hub dataset id; each process reads its own part; every batch holds one "
+                           "task, the task drawn by --task-probabilities (or --ratio); needs --max-steps")
     streaming.add_argument("--task-probabilities", action="append", default=[], metavar="TASK=P",
                            help="with --streaming: the share of each task's batches (name every --train task once; "
                            "normalised to sum to 1). Default: proportional to the tasks' sizes where every source "
@@ -327,9 +328,9 @@ def _run(args, distill=False):
     from ...hub import write_training_card
     from ...lora import add_lora
     from ...output import check_output_dir
-    from ...streaming import StreamReadError, corpus_error, data_files
+    from ...streaming import StreamReadError
     from ...trainer import print_summary, save_training_run, training_arguments, training_output
-    from .data import load_task_files, read_task_stream
+    from .data import load_task_files, read_task_stream, stream_corpus_error, stream_layout
     from .training import task_metric_names, train_mtdnn
 
     device_settings = training_device_settings(args)
@@ -351,17 +352,18 @@ def _run(args, distill=False):
         require(not unsupported, f"--adv-train covers {', '.join(SMART_TASK_TYPES)} tasks (as the original's "
                 f"SmartPerturbation), not {', '.join(unsupported)}")
     tokenizer = None
-    # streams are the original's preprocessed JSON lines: only --eval files may be text to tokenize
+    # streams of the original's preprocessed JSON lines are tokenized already; any other stream is text
+    streamed_text = args.streaming and any(stream_layout(path, config, task)[0] != "json" for task, path in train_files)
     files = ([] if args.streaming else list(train_files)) + [(task, path) for task, _, path in eval_files]
-    if any(not path.lower().endswith((".json", ".jsonl")) or types[task] in SPAN_TASK_TYPES
-           for task, path in files):  # text to tokenize
+    if streamed_text or any(not path.lower().endswith((".json", ".jsonl")) or types[task] in SPAN_TASK_TYPES
+                            for task, path in files):  # text to tokenize
         tokenizer = _load_tokenizer(args)
+    max_length = min(args.max_length, max_input_length(config.encoder) or args.max_length)
     train, evaluation = load_task_files(config, [] if args.streaming else train_files, eval_files, tokenizer,
-                                        min(args.max_length, max_input_length(config.encoder) or args.max_length),
-                                        layouts,
-                                        args.doc_stride)
+                                        max_length, layouts, args.doc_stride)
     if args.streaming:
-        train = {task: read_task_stream(path, config, task) for task, path in train_files}
+        train = {task: read_task_stream(path, config, task, tokenizer, max_length, layouts.get(task), args.doc_stride)
+                 for task, path in train_files}
     try:
         known = [f"{name}_{metric}" for task, name, _ in eval_files
                  for metric in ["loss", *task_metric_names(config.task(task))]]
@@ -395,9 +397,7 @@ def _run(args, distill=False):
                                   task_probabilities=task_probabilities,
                                   **({"kd_loss": args.kd_loss, "kd_weight": args.kd_weight} if distill else {}))
         except StreamReadError as error:  # name the shard and line that failed
-            shards = [file for _, path in train_files for file in data_files(path, "training data") or []]
-            raise (StreamReadError(corpus_error(shards, "training data", error.error), error.kept) if shards
-                   else error) from None
+            raise StreamReadError(stream_corpus_error(train_files, config, error.error), error.kept) from None
         del teachers
         metrics = trainer.evaluate() if evaluation else {}
         save_training_run(staging, trainer, tokenizer, metrics, model=model)  # LoRA: the adapter and the heads

@@ -7,6 +7,8 @@ Collater), `experiments/glue/glue_utils.py` (the TSV layouts), `prepro_std.py` (
 """
 
 import bisect
+import csv
+import gzip
 import itertools
 import json
 import random
@@ -20,16 +22,21 @@ import torch
 from transformers import PreTrainedTokenizerBase
 from transformers.utils import logging
 
-from ...errors import HfExtError
-from ...glue import read_glue_tsv
+from ...errors import HfExtError, one_line, quoted
+from ...glue import encode_glue_examples, glue_examples, glue_header, glue_shape, read_glue_tsv
 from ...text_files import json_lines
 from .configuration_mtdnn import PAIR_FORMATS, SPAN_TASK_TYPES, MTDNNConfig, max_input_length
 from .modeling_mtdnn import IGNORE_INDEX
 from .token_tasks import (
+    CONLL_SUFFIXES,
+    article_examples,
+    conll_sentences,
     encode_squad_examples,
     encode_tagged_sentences,
     read_squad_examples,
     read_tagged_sentences,
+    sequence_row,
+    squad_row_example,
 )
 
 if TYPE_CHECKING:  # datasets is imported only when used
@@ -188,7 +195,8 @@ def load_sequence_labeling_file(path: str | Path, config: MTDNNConfig, task: str
     if spec["type"] != "sequence_labeling":
         raise HfExtError(f"{path}: tagged words are data of a sequence labeling task, {spec['name']} is a "
                          f"{spec['type']} task")
-    columns = encode_tagged_sentences(read_tagged_sentences(path), spec, tokenizer, max_length, source=str(path))
+    columns = encode_tagged_sentences(read_tagged_sentences(path), spec, tokenizer, max_length,
+                                      where=lambda number: f"{path}, sentence {number}")
     return Dataset.from_dict({**columns, "task": [index] * len(columns["input_ids"])})
 
 
@@ -471,29 +479,131 @@ def _copy_generator(generator):
 
 # ----- streamed training data ------------------------------------------------------------------------------------
 
-STREAM_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+STREAM_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")  # the original's preprocessed rows, SQuAD data
+TSV_SUFFIX = ".tsv"
 # the columns of a streamed task's rows (`read_task_stream`), which `mixed_task_batches` batches
 STREAM_COLUMNS = ("input_ids", "token_type_ids", "attention_mask", "labels", "task")
 SOFT_LABELS = "soft_labels"  # a streamed row's optional column
+# how `datasets`' `csv` builder reads GLUE and Seqence TSV rows as `read_lines` does: fields as written (no quoting,
+# no "NA" read as missing), a byte-order mark dropped; its python engine gives the fields a short line lacks as None
+# (the C engine as empty text), which `_complete_rows` refuses
+TSV_OPTIONS = {"sep": "\t", "quoting": csv.QUOTE_NONE, "keep_default_na": False, "engine": "python",
+               "encoding": "utf-8-sig"}
+SEQENCE_COLUMNS = ("uid", "tags", "words")  # the original's Seqence TSV rows
+SQUAD_ROW_COLUMNS = ("id", "question", "context", "answers")  # the Hub's `squad` layout
+ENCODE_BATCH_SIZE = 64  # rows (SQuAD: articles) tokenized at once while streaming
 
 
-def read_task_stream(source: str | Path, config: MTDNNConfig, task: str | int) -> "IterableDataset":
-    """The training data of one task as a `datasets.IterableDataset` read while training: the original's
-    preprocessed JSON lines (`load_mtdnn_json`'s rows, each with a `label`) in a file, a folder of shards, a glob or
-    a Hub dataset with those columns (`hf_ext.streaming.load_json_source`). Rows are checked as they are read, as
-    `load_mtdnn_json` checks them, and named by their `uid` in errors; a row's `softlabel` (soft targets for
-    distillation, e.g. written by teachers beforehand) becomes its `soft_labels`. Sequence labeling,
-    classification, regression and ranking tasks; span tasks read SQuAD text, which streams do not tokenize."""
-    from ...streaming import load_json_source
+def stream_layout(source: str | Path, config: MTDNNConfig, task: str | int) -> tuple[str, list[str] | None]:
+    """How `read_task_stream` reads the training data of `task` at `source` (a file, a folder of shards or a glob, in
+    one format; else a Hub dataset id), and its files (None for a Hub dataset): `json`, the original's preprocessed
+    JSON lines; `glue`, GLUE TSV rows; `seqence`, the original's Seqence TSV rows; `conll`, CoNLL sentences;
+    `squad_document`, SQuAD JSON files (`{"data": [...]}`); `squad_rows`, SQuAD rows in the layout of the Hub's
+    `squad` datasets (JSON lines or a Hub dataset). The formats are `load_task_file`'s, by the same suffixes."""
+    from ...streaming import data_files
 
+    spec, _ = _task(config, task)
+    span = spec["type"] in SPAN_TASK_TYPES
+    labeling = spec["type"] == "sequence_labeling"
+    suffixes = STREAM_SUFFIXES + ((TSV_SUFFIX,) if not span else ()) + (CONLL_SUFFIXES if labeling else ())
+    files = data_files(source, f"{spec['name']} training data", suffixes)
+    if files is None:
+        return ("squad_rows" if span else "json"), None
+    unknown = [file for file in files if not file.lower().endswith(suffixes)]
+    if unknown:
+        file = unknown[0]
+        if span:
+            raise HfExtError(f"{file}: span task {spec['name']} reads SQuAD data (.json or .jsonl, also gzipped)")
+        if labeling:
+            raise HfExtError(f"{file}: sequence labeling data are CoNLL files ({', '.join(CONLL_SUFFIXES)}), the "
+                             "original's Seqence .tsv rows or its preprocessed .json lines")
+        raise HfExtError(f"{file}: data files are GLUE .tsv files or the original's preprocessed .json lines")
+    formats = {next(suffix for suffix in suffixes if file.lower().endswith(suffix)) for file in files}
+    kinds = {"tsv" if suffix == TSV_SUFFIX else "json" if suffix in STREAM_SUFFIXES else "conll"
+             for suffix in formats}
+    if len(kinds) > 1:
+        raise HfExtError(f"the {spec['name']} training data {source} mixes formats ({', '.join(sorted(formats))}): "
+                         "give one task's shards in one format")
+    (kind,) = kinds
+    if span:
+        return ("squad_document" if _squad_document(files[0]) else "squad_rows"), files
+    if kind == "tsv":
+        if labeling:
+            return "seqence", files
+        if spec["type"] == "ranking":
+            raise HfExtError(f"{source}: ranking task {spec['name']} pairs consecutive GLUE TSV rows (the original's "
+                             "QNLI ranking), which a stream that splits its rows between processes and batches "
+                             "cannot do: stream its preprocessed JSON lines (prepro_std.py), or train without "
+                             "--streaming")
+        return "glue", files
+    return kind, files
+
+
+def _squad_document(file: str) -> bool:
+    """Whether the SQuAD file `file` is one JSON document (`{"data": [...]}`, often on one line or pretty-printed)
+    rather than JSON lines of questions: its first line (the first MiB of it) is no JSON object without `data`."""
+    with (gzip.open if file.endswith(".gz") else open)(file, "rt", encoding="utf-8-sig", errors="replace") as text:
+        first = text.readline(1 << 20)
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError:
+        return True
+    return not isinstance(row, dict) or "data" in row
+
+
+def read_task_stream(source: str | Path, config: MTDNNConfig, task: str | int,
+                     tokenizer: PreTrainedTokenizerBase | None = None, max_length: int = 512,
+                     layout: str | None = None, doc_stride: int | None = None) -> "IterableDataset":
+    """The training data of one task as a `datasets.IterableDataset` read while training, from a file, a folder of
+    shards, a glob or a Hub dataset id, in any format `load_task_file` reads (`stream_layout`):
+
+    - the original's preprocessed JSON lines (`load_mtdnn_json`'s rows, each with a `label`; a Hub dataset with those
+      columns), checked as they are read as `load_mtdnn_json` checks them and named by their `uid` in errors; a row's
+      `softlabel` (soft targets for distillation, e.g. written by teachers beforehand) becomes its `soft_labels`;
+    - text, tokenized with `tokenizer` while it is read by `datasets`' streaming builders and a batched `map` with the
+      map-style readers' own row functions: GLUE TSV rows (`csv` builder; `hf_ext.glue.glue_examples`,
+      `encode_glue_examples`; every shard starts with the header, or none does in CoLA's headerless layout; `layout`
+      as `load_glue_tsv`'s), the original's Seqence TSV rows (`csv`) and CoNLL sentences (`text` builder, a paragraph
+      per sentence; `token_tasks.encode_tagged_sentences`), SQuAD JSON files or rows (`json` builder, a Hub `squad`
+      dataset; `token_tasks.encode_squad_examples`: a question gives one row per window of `max_length` tokens, its
+      evaluation columns left out). Rows are truncated to `max_length` tokens, as the map-style readers do.
+
+    A malformed TSV line (fields missing or extra) fails as the reader's own errors do (`hf_ext.streaming`'s
+    `StreamReadError` while training; `stream_corpus_error` names the line). Ranking tasks stream their JSON lines:
+    the original's QNLI ranking pairs consecutive TSV rows, which a stream split between processes cannot."""
     spec, index = _task(config, task)
     name = spec["name"]
-    if spec["type"] in SPAN_TASK_TYPES:
-        raise HfExtError(f"span task {name} reads SQuAD data, which --streaming does not read (streams hold the "
-                         "original's preprocessed JSON lines)")
-    if Path(source).is_file() and not str(source).lower().endswith(STREAM_SUFFIXES):
-        raise HfExtError(f"{source}: a stream reads the original's preprocessed JSON lines (.json, .jsonl, also "
-                         "gzipped), not this file")
+    what = f"{name} training data"
+    kind, files = stream_layout(source, config, task)
+    if kind == "json":
+        return _json_task_stream(source, config, spec, index)
+    if tokenizer is None:
+        text = {"glue": "TSV", "seqence": "tagged text", "conll": "tagged text"}.get(kind, "SQuAD")
+        raise HfExtError(f"{source}: {text} data needs a tokenizer")
+    if kind == "glue":
+        assert files is not None  # a Hub id reads as preprocessed rows
+        rows, columns, encode = _glue_stream(files, spec, tokenizer, max_length, layout, what)
+    elif kind in ("seqence", "conll"):
+        assert files is not None
+        rows, columns, encode = _tagged_stream(kind, files, spec, tokenizer, max_length, what)
+    else:
+        rows, columns, encode = _squad_stream(kind, source, files, spec, tokenizer, max_length, doc_stride, what)
+
+    def encode_task(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        encoded = encode(batch)
+        if encoded is None:  # no example in these rows (NLI rows without a gold label, -DOCSTART- paragraphs)
+            return {column: [] for column in STREAM_COLUMNS}
+        return {**{column: encoded[column] for column in STREAM_COLUMNS[:-1]},
+                "task": [index] * len(encoded["input_ids"])}
+
+    # batched: a SQuAD question gives several windows, and text tokenizes faster in batches
+    return rows.map(encode_task, batched=True, batch_size=ENCODE_BATCH_SIZE, remove_columns=list(columns))
+
+
+def _json_task_stream(source: str | Path, config: MTDNNConfig, spec: dict[str, Any], index: int) -> "IterableDataset":
+    from ...streaming import load_json_source
+
+    name = spec["name"]
     rows = load_json_source(source, f"{name} training data", streaming=True)
 
     def encode(sample: dict[str, Any]) -> dict[str, Any]:
@@ -508,6 +618,119 @@ def read_task_stream(source: str | Path, config: MTDNNConfig, task: str | int) -
 
     # row by row: a batched map would read rows ahead of the batches trained (past a shard that fails)
     return rows.map(encode, remove_columns=rows.column_names)
+
+
+def _tsv_rows(files: list[str], columns: Sequence[str], has_header: bool) -> "IterableDataset":
+    from datasets import Features, Value, load_dataset
+
+    return load_dataset("csv", data_files=files, split="train", streaming=True, header=0 if has_header else None,
+                        column_names=None if has_header else list(columns),
+                        features=Features({column: Value("string") for column in columns}), **TSV_OPTIONS)
+
+
+def _complete_rows(batch: dict[str, list[Any]], what: str) -> None:
+    from ...streaming import MalformedRowError
+
+    if any(value is None for values in batch.values() for value in values):
+        raise MalformedRowError(f"{what}: a TSV line with fewer tab-separated fields than the header")
+
+
+def _glue_stream(files, spec, tokenizer, max_length, layout, what):
+    shape = glue_shape(spec, layout)
+    with open(files[0], encoding="utf-8-sig", errors="replace") as text:
+        first = text.readline().rstrip("\r\n").split("\t")
+    header, has_header = glue_header(first, shape, files[0], layout or spec["name"])
+    if shape.label not in header:
+        raise HfExtError(f"{files[0]}: training data needs labels; this GLUE {layout or spec['name']} file has no "
+                         f"{shape.label!r} column (a test file?)")
+
+    def encode(batch):
+        _complete_rows(batch, what)
+        examples = glue_examples(batch, spec, shape, lambda i: f"{what}, the row whose {shape.premise} is "
+                                 f"{quoted(batch[shape.premise][i])}")
+        return encode_glue_examples(examples, tokenizer, max_length) if examples["premise"] else None
+
+    return _tsv_rows(files, header, has_header), header, encode
+
+
+def _tagged_stream(kind, files, spec, tokenizer, max_length, what):
+    from datasets import load_dataset
+
+    if spec["type"] != "sequence_labeling":
+        raise HfExtError(f"tagged words are data of a sequence labeling task, {spec['name']} is a {spec['type']} task")
+    if kind == "seqence":
+        columns = SEQENCE_COLUMNS
+        rows = _tsv_rows(files, columns, has_header=False)
+
+        def sentences_of(batch):
+            _complete_rows(batch, what)
+            return [sequence_row(tags, words, f"{what}, row uid {quoted(uid)}")
+                    for uid, tags, words in zip(batch["uid"], batch["tags"], batch["words"], strict=True)]
+    else:  # a paragraph (lines between blank ones) per sentence
+        columns = ("text",)
+        rows = load_dataset("text", data_files=files, split="train", streaming=True, sample_by="paragraph",
+                            encoding="utf-8-sig")
+
+        def sentences_of(batch):
+            return [sentence for paragraph in batch["text"]
+                    for sentence in conll_sentences(paragraph.split("\n"), lambda _: what)]
+
+    def encode(batch):
+        sentences = sentences_of(batch)
+        if not sentences:
+            return None
+        return encode_tagged_sentences(sentences, spec, tokenizer, max_length, where=lambda number: (
+            f"{what}, the sentence {quoted(' '.join(sentences[number - 1][0]))}"))
+
+    return rows, columns, encode
+
+
+def _squad_stream(kind, source, files, spec, tokenizer, max_length, doc_stride, what):
+    from datasets import load_dataset
+
+    from ...streaming import load_json_source
+
+    if kind == "squad_document":  # a row per article
+        columns: tuple[str, ...] = ("paragraphs",)
+        rows = load_dataset("json", data_files=files, field="data", split="train", streaming=True)
+
+        def examples_of(batch):
+            return [example for paragraphs in batch["paragraphs"]
+                    for example in article_examples({"paragraphs": paragraphs or []}, what, spec)]
+    else:
+        columns = SQUAD_ROW_COLUMNS
+        rows = load_json_source(source, what, streaming=True)
+
+        def examples_of(batch):
+            # the JSON reader gives a row without a key the block's column, as null
+            samples = [{key: value for key, value in zip(batch, values, strict=True) if value is not None}
+                       for values in zip(*batch.values(), strict=True)]
+            return [squad_row_example(sample, f"{what}, question {quoted(sample.get('id'))}", spec)
+                    for sample in samples]
+
+    def encode(batch):
+        examples = examples_of(batch)
+        return encode_squad_examples(examples, tokenizer, max_length, doc_stride) if examples else None
+
+    return rows.select_columns(list(columns)), columns, encode
+
+
+def stream_corpus_error(train_files: Iterable[tuple[str, str | Path]], config: MTDNNConfig,
+                        error: BaseException) -> BaseException:
+    """The error line for a stream of `train_files` (`(task, source)` pairs) that failed while training with the
+    reader's `error`: the first damaged line of the tasks' local shards (`hf_ext.streaming.damaged_line`, in each
+    task's format), else the reader's own message; `error` itself where no task reads local files."""
+    from ...streaming import damaged_line
+
+    layouts = {"json": "json_lines", "squad_rows": "json_lines", "squad_document": "json_document", "glue": "tsv",
+               "seqence": "tsv", "conll": "text"}
+    sources = [(layouts[kind], files) for kind, files in
+               (stream_layout(path, config, task) for task, path in train_files) if files]
+    for layout, files in sources:
+        damaged = damaged_line(files, "training data", layout)
+        if damaged is not None:
+            return damaged
+    return HfExtError(f"cannot read the training data: {one_line(error)}") if sources else error
 
 
 def stream_task_probabilities(streams: Mapping[str, "IterableDataset"], given: Mapping[str, float] | None = None,
@@ -595,4 +818,4 @@ class StreamedBatchCollator:
 __all__ = ["MTDNNCollator", "MultiTaskBatchSampler", "MultiTaskDataset", "StreamedBatchCollator", "load_glue_tsv",
            "load_mtdnn_json", "load_sequence_labeling_file", "load_squad_file", "load_task_file", "load_task_files",
            "mixed_task_batches", "mixed_task_order", "read_task_stream", "soft_label_width",
-           "stream_task_probabilities"]
+           "stream_corpus_error", "stream_layout", "stream_task_probabilities"]

@@ -18,7 +18,7 @@ loss reads, as transformers' token-classification examples do.
 import ast
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,10 +51,19 @@ def read_tagged_sentences(path: str | Path) -> list[TaggedSentence]:
     if suffix not in CONLL_SUFFIXES:
         raise HfExtError(f"{path}: sequence labeling data are CoNLL files ({', '.join(CONLL_SUFFIXES)}), the "
                          "original's Seqence .tsv rows or its preprocessed .json lines")
+    sentences = conll_sentences(read_lines(path, "CoNLL file"), lambda number: f"{path}, line {number}")
+    if not sentences:
+        raise HfExtError(f"CoNLL file {path} has no sentences")
+    return sentences
+
+
+def conll_sentences(lines: Sequence[str], where: Callable[[int], str]) -> list[TaggedSentence]:
+    """The tagged sentences of CoNLL `lines` (one word per line, the word first and its tag last, a blank line between
+    sentences, `-DOCSTART-` lines skipped); `where(n)` names line `n` (from 1) in errors."""
     sentences: list[TaggedSentence] = []
     words: list[str] = []
     tags: list[str] = []
-    for number, line in enumerate([*read_lines(path, "CoNLL file"), ""], 1):
+    for number, line in enumerate([*lines, ""], 1):
         fields = line.split()
         if fields and fields[0] == "-DOCSTART-":
             continue
@@ -64,11 +73,9 @@ def read_tagged_sentences(path: str | Path) -> list[TaggedSentence]:
             words, tags = [], []
             continue
         if len(fields) < 2:
-            raise HfExtError(f"{path}, line {number}: a word and its tag, separated by white space, got {line!r}")
+            raise HfExtError(f"{where(number)}: a word and its tag, separated by white space, got {line!r}")
         words.append(fields[0])
         tags.append(fields[-1])
-    if not sentences:
-        raise HfExtError(f"CoNLL file {path} has no sentences")
     return sentences
 
 
@@ -82,38 +89,46 @@ def _read_sequence_tsv(path):
         if len(fields) != 3:
             raise HfExtError(f"{where}: the original's Seqence rows have 3 tab-separated fields (uid, tags, words), "
                              f"got {len(fields)}")
-        try:
-            tags, words = ast.literal_eval(fields[1]), ast.literal_eval(fields[2])
-        except (ValueError, SyntaxError):
-            raise HfExtError(f"{where}: tags and words must be Python lists of strings") from None
-        if not (isinstance(tags, list) and isinstance(words, list)
-                and all(isinstance(item, str) for item in [*tags, *words])):
-            raise HfExtError(f"{where}: tags and words must be Python lists of strings")
-        if len(tags) != len(words):
-            raise HfExtError(f"{where}: {len(words)} words but {len(tags)} tags")
-        sentences.append((words, tags))
+        sentences.append(sequence_row(fields[1], fields[2], where))
     if not sentences:
         raise HfExtError(f"Seqence TSV file {path} has no rows")
     return sentences
 
 
+def sequence_row(tags: str, words: str, where: str) -> TaggedSentence:
+    """The words and tags of a row of the original's `Seqence` TSV, its tags and words fields (Python literals of
+    lists of strings); `where` names the row in errors."""
+    try:
+        tag_list, word_list = ast.literal_eval(tags), ast.literal_eval(words)
+    except (ValueError, SyntaxError):
+        raise HfExtError(f"{where}: tags and words must be Python lists of strings") from None
+    if not (isinstance(tag_list, list) and isinstance(word_list, list)
+            and all(isinstance(item, str) for item in [*tag_list, *word_list])):
+        raise HfExtError(f"{where}: tags and words must be Python lists of strings")
+    if len(tag_list) != len(word_list):
+        raise HfExtError(f"{where}: {len(word_list)} words but {len(tag_list)} tags")
+    return word_list, tag_list
+
+
 def encode_tagged_sentences(sentences: Sequence[TaggedSentence], spec: dict[str, Any],
-                            tokenizer: PreTrainedTokenizerBase, max_length: int = 512, source: str = "the data",
+                            tokenizer: PreTrainedTokenizerBase, max_length: int = 512,
+                            where: Callable[[int], str] = lambda number: f"the data, sentence {number}",
                             ) -> dict[str, list[Any]]:
     """Tokenized columns (`input_ids`, `token_type_ids`, `attention_mask`, `labels`) of tagged sentences for the
     sequence-labeling task `spec`: each word's tag on its first piece; the other pieces and the special tokens get
     the original's `X`, `CLS`, `SEP` tags where the task has them, -100 (no loss) otherwise. Truncated to
-    `max_length` tokens. A tag that is not one of the task's labels is refused with the sentence that holds it."""
+    `max_length` tokens. A tag that is not one of the task's labels is refused with the sentence that holds it
+    (`where(n)` names sentence `n`, from 1)."""
     if not getattr(tokenizer, "is_fast", False):
         raise HfExtError("sequence labeling data needs a fast tokenizer (one that maps pieces to words)")
     tag_ids = {tag: index for index, tag in enumerate(spec["labels"])}
     for number, (words, tags) in enumerate(sentences, 1):
         unknown = sorted({tag for tag in tags if tag not in tag_ids})
         if unknown:
-            raise HfExtError(f"{source}, sentence {number}: tag(s) {', '.join(map(repr, unknown[:5]))} are not labels "
+            raise HfExtError(f"{where(number)}: tag(s) {', '.join(map(repr, unknown[:5]))} are not labels "
                              f"of task {spec['name']} ({', '.join(spec['labels'])})")
         if len(words) != len(tags):
-            raise HfExtError(f"{source}, sentence {number}: {len(words)} words but {len(tags)} tags")
+            raise HfExtError(f"{where(number)}: {len(words)} words but {len(tags)} tags")
     encoded = tokenizer([words for words, _ in sentences], is_split_into_words=True, truncation=True,
                         max_length=max_length, return_token_type_ids=True, return_attention_mask=True)
     continuation = tag_ids.get("X", IGNORE_INDEX)
@@ -168,22 +183,35 @@ def read_squad_examples(path: str | Path, spec: dict[str, Any]) -> list[dict[str
         document = None
     if isinstance(document, dict) and "data" in document:
         for article in document["data"]:
-            for paragraph in article.get("paragraphs", []):
-                for qa in paragraph.get("qas", []):
-                    answers = [] if qa.get("is_impossible") else qa.get("answers", [])
-                    examples.append(_example(qa.get("id"), qa.get("question"), paragraph.get("context"),
-                                             [a.get("text") for a in answers], [a.get("answer_start") for a in answers],
-                                             f"{path}, question {qa.get('id')!r}", spec))
+            examples.extend(article_examples(article, str(path), spec))
     else:
         for where, row in json_lines(path, "SQuAD JSON-lines file"):
-            if not isinstance(row, dict) or not isinstance(row.get("answers", {}), dict):
-                raise HfExtError(f"{where}: a row holds id, question, context and answers {{text, answer_start}}")
-            answers = row.get("answers", {})
-            examples.append(_example(row.get("id"), row.get("question"), row.get("context"), answers.get("text", []),
-                                     answers.get("answer_start", []), where, spec))
+            examples.append(squad_row_example(row, where, spec))
     if not examples:
         raise HfExtError(f"SQuAD data {path} has no questions")
     return examples
+
+
+def article_examples(article: dict[str, Any], source: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The examples of one article of a SQuAD JSON file (`{"paragraphs": [{"context", "qas": [...]}]}`), each named
+    "`source`, question ID" in errors."""
+    examples = []
+    for paragraph in article.get("paragraphs", []):
+        for qa in paragraph.get("qas", []):
+            answers = [] if qa.get("is_impossible") else qa.get("answers", [])
+            examples.append(_example(qa.get("id"), qa.get("question"), paragraph.get("context"),
+                                     [a.get("text") for a in answers], [a.get("answer_start") for a in answers],
+                                     f"{source}, question {qa.get('id')!r}", spec))
+    return examples
+
+
+def squad_row_example(row: object, where: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """The example of a SQuAD row in the layout of the Hub's `squad` datasets; `where` names it in errors."""
+    if not isinstance(row, dict) or not isinstance(row.get("answers", {}), dict):
+        raise HfExtError(f"{where}: a row holds id, question, context and answers {{text, answer_start}}")
+    answers = row.get("answers", {})
+    return _example(row.get("id"), row.get("question"), row.get("context"), answers.get("text", []),
+                    answers.get("answer_start", []), where, spec)
 
 
 def _example(uid, question, context, texts, starts, where, spec):
@@ -267,5 +295,6 @@ def span_answers(spec: dict[str, Any], logits: np.ndarray, windows: "Dataset | d
     return predictions, gold
 
 
-__all__ = ["encode_squad_examples", "encode_tagged_sentences", "read_squad_examples", "read_tagged_sentences",
-           "sequence_labeling_references", "span_answers"]
+__all__ = ["article_examples", "conll_sentences", "encode_squad_examples", "encode_tagged_sentences",
+           "read_squad_examples", "read_tagged_sentences", "sequence_labeling_references", "sequence_row",
+           "span_answers", "squad_row_example"]
