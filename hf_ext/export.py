@@ -12,6 +12,7 @@ from transformers import (
     PreTrainedTokenizerBase,
     ProcessorMixin,
 )
+from transformers.core_model_loading import revert_weight_conversion
 from transformers.dynamic_module_utils import custom_object_save
 from transformers.initialization import no_init_weights
 
@@ -95,7 +96,8 @@ def write_model_folder(folder: str | Path, model_class: type[PreTrainedModel], c
         generation_config = GenerationConfig.from_model_config(config)
         generation_config.save_pretrained(folder)
     tensors = {name: state_dict[name].contiguous() for name in expected_tensors(model)}
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    # under the checkpoint names `save_pretrained` writes, where a model registers renamed ones with transformers
+    save_file(revert_weight_conversion(model, tensors), folder / "model.safetensors", metadata={"format": "pt"})
     if processor is not None:
         processor.save_pretrained(folder)
     return model

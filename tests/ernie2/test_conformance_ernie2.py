@@ -11,6 +11,11 @@ BATCH, LENGTH = 2, 8
 class TestErnie2ForPreTraining(ModelConformance):
     model_class = Ernie2ForPreTraining
     no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    # accelerate 1.15 puts the output embeddings (the MLM decoder) in a unit with the input embeddings they are tied
+    # to, but the decoder's bias is tied to `cls.predictions.bias`, which stays in the model's unit: FSDP2 refuses a
+    # parameter shared by two units
+    known_failures = {"test_accelerate_fsdp2_plan_at_world_size_8": "accelerate's FSDP2 plan splits the MLM decoder's "
+                                                                    "bias from the prediction bias it is tied to"}
 
     def config(self, **overrides):
         values = dict(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,

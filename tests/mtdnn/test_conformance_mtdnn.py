@@ -4,7 +4,7 @@ concerns them."""
 
 import pytest
 import torch
-from conformance import ModelConformance
+from conformance import ACCELERATE_FSDP2_BERT_EMBEDDINGS, ModelConformance
 from transformers import BertConfig
 
 from hf_ext.models.mtdnn import (
@@ -38,6 +38,7 @@ class MTDNNTester(ModelConformance):
     init_not_from_config = {r"\.rnn\.": "the SAN head's GRU cell starts with torch's own initialisation, "
                                          "U(+-1/sqrt(hidden_size)), as in the original"}
     not_applicable = {"test_classifier_with_more_labels_loads_only_when_mismatches_are_ignored": MORE_LABELS}
+    known_failures = {"test_accelerate_fsdp2_plan_at_world_size_8": ACCELERATE_FSDP2_BERT_EMBEDDINGS}
 
     def classifier_config(self, problem_type):
         """The task of the problem type: the SAN classification task, the regression task, or a classification task

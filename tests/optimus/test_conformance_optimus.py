@@ -2,7 +2,7 @@
 concern them."""
 
 import torch
-from conformance import GenerationConformance, ModelConformance
+from conformance import ACCELERATE_FSDP2_BERT_EMBEDDINGS, GenerationConformance, ModelConformance
 from transformers import LlamaConfig, ModernBertConfig
 
 from hf_ext import OptimusConfig, OptimusForSequenceClassification, OptimusModel
@@ -89,6 +89,7 @@ class TestOptimusModelOnModernBertAndLlama(TestOptimusModel):
 
 class TestOptimusForSequenceClassification(OptimusTester):
     model_class = OptimusForSequenceClassification
+    known_failures = {"test_accelerate_fsdp2_plan_at_world_size_8": ACCELERATE_FSDP2_BERT_EMBEDDINGS}
 
     def inputs(self, config, labels=False):
         inputs = self.source(config)

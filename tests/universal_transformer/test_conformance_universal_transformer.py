@@ -111,10 +111,6 @@ class TestUniversalTransformerForSequenceClassification(UniversalTransformerTest
 
 class TestUniversalTransformerForSeq2SeqLM(UniversalTransformerTester, GenerationConformance):
     model_class = UniversalTransformerForSeq2SeqLM
-    # a unit per stack would shard the token embedding that both stacks hold twice, untying it; the unit cannot be
-    # the shared layer instead (tried): ACT's packed steps read its key/value weights outside its forward
-    # (FrozenKeyValues), where FSDP2 leaves them sharded
-    fsdp2_one_unit = "the encoder and decoder stacks share the token embedding"
 
     def inputs(self, config, labels=False):
         inputs = self.source(config)
@@ -143,10 +139,14 @@ class TestUniversalTransformerForSeq2SeqLM(UniversalTransformerTester, Generatio
     def next_token_logits(self, model, generation_inputs, sequences):
         return model(**generation_inputs, decoder_input_ids=sequences).logits[:, -1]
 
-    def test_decoder_embeddings_and_softmax_share_the_encoder_embeddings(self):
+    def test_encoder_decoder_and_softmax_share_the_model_embeddings(self):
         model = self.model()
-        shared = model.encoder.embed_tokens.weight
-        assert model.decoder.embed_tokens.weight is shared and model.lm_head.weight is shared
+        shared = model.embed_tokens
+        assert model.encoder.input_embeddings() is shared and model.decoder.input_embeddings() is shared
+        assert model.lm_head.weight is shared.weight
+        # the stacks (FSDP units) hold no copy of it
+        assert not any("embed_tokens" in name for name, _ in model.named_parameters(remove_duplicate=False)
+                       if not name.startswith("embed_tokens."))
 
 
 # ----- regressions of issue #17 -----
@@ -219,7 +219,8 @@ def test_seq2seq_exports_without_a_data_dependent_mask_check():
 
 
 def test_a_missing_shared_embedding_is_reported(tmp_path):
-    """#17.7: the encoder's embedding is the source of the tied weights; a checkpoint without it is incomplete."""
+    """#17.7: the embedding is the source of the tied weights; a checkpoint without it (stored under its older name
+    `encoder.embed_tokens.weight`) is incomplete."""
     from safetensors.torch import load_file, save_file
 
     model = TestUniversalTransformerForSeq2SeqLM().model()
@@ -228,4 +229,4 @@ def test_a_missing_shared_embedding_is_reported(tmp_path):
     del state["encoder.embed_tokens.weight"]
     save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
     _, info = UniversalTransformerForSeq2SeqLM.from_pretrained(tmp_path, output_loading_info=True)
-    assert "encoder.embed_tokens.weight" in info["missing_keys"]
+    assert "embed_tokens.weight" in info["missing_keys"]

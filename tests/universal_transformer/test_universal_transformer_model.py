@@ -2,6 +2,8 @@
 configurations), the cost of halted positions, padding, the ponder-cost gradient, seq2seq generation, saving."""
 
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -304,11 +306,11 @@ def test_generate_equals_a_greedy_loop_over_the_whole_prefix():
 
 def test_save_and_reload_through_the_auto_classes(tmp_path):
     model = seq2seq_model()
-    assert model.lm_head.weight is model.encoder.embed_tokens.weight is model.decoder.embed_tokens.weight
+    assert model.lm_head.weight is model.embed_tokens.weight
     model.save_pretrained(tmp_path)
     reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
     assert type(reloaded) is UniversalTransformerForSeq2SeqLM
-    assert reloaded.lm_head.weight is reloaded.encoder.embed_tokens.weight
+    assert reloaded.lm_head.weight is reloaded.embed_tokens.weight
     source, labels = torch.tensor([[4, 5, 6]]), torch.tensor([[7, 8]])
     with torch.no_grad():
         before, after = model(input_ids=source, labels=labels), reloaded(input_ids=source, labels=labels)
@@ -343,3 +345,74 @@ def test_defaults_follow_tensor2tensor_adaptive_base():
 def test_bad_config_values_are_refused(overrides, field):
     with pytest.raises(ValueError, match=field):
         tiny_config(**overrides)
+
+
+SAVED_BEFORE = Path(__file__).parent / "saved_before_shared_embedding"
+
+
+@pytest.mark.parametrize("name, model_class, output", [
+    ("seq2seq", UniversalTransformerForSeq2SeqLM, "logits"),
+    ("classification", UniversalTransformerForSequenceClassification, "logits"),
+    ("encoder", UniversalTransformerModel, "last_hidden_state")])
+def test_folders_saved_before_the_embedding_moved_load_and_save_alike(tmp_path, name, model_class, output):
+    """Folders written before the token embedding moved from the encoder stack to the model (`make_folders.py` at
+    a4e7e56: `encoder.embed_tokens.weight`) load completely, with the outputs that code computed, and save again
+    under the same names (transformers' checkpoint renaming, registered by the model)."""
+    from safetensors.torch import load_file
+
+    from hf_ext.models.universal_transformer.modeling_universal_transformer import UniversalTransformerEmbedding
+
+    stored = load_file(SAVED_BEFORE / name / "model.safetensors")
+    assert any(key.endswith("encoder.embed_tokens.weight") for key in stored)
+    model, info = model_class.from_pretrained(SAVED_BEFORE / name, output_loading_info=True)
+    assert not any(info.values()), info  # nothing missing, unexpected, mismatched or failing
+    assert isinstance(model.get_input_embeddings(), UniversalTransformerEmbedding)
+    inputs = {"input_ids": torch.tensor([[5, 9, 3, 17, 2], [8, 4, 11, 0, 0]]),
+              "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])}
+    if name == "seq2seq":
+        inputs["labels"] = torch.tensor([[6, 12, 7], [3, 3, 9]])
+    expected = load_file(SAVED_BEFORE / "outputs.safetensors")
+    with torch.no_grad():
+        outputs = model.eval()(**inputs)
+    torch.testing.assert_close(getattr(outputs, output), expected[f"{name}.{output}"], atol=1e-6, rtol=1e-6)
+    if name == "seq2seq":
+        assert model.lm_head.weight is model.embed_tokens.weight
+        torch.testing.assert_close(outputs.loss, expected["seq2seq.loss"], atol=1e-6, rtol=1e-6)
+    model.save_pretrained(tmp_path)
+    resaved = load_file(tmp_path / "model.safetensors")
+    assert resaved.keys() == stored.keys()
+    assert all(torch.equal(resaved[key], stored[key]) for key in stored)
+
+
+@pytest.mark.slow
+def test_a_folder_saved_before_the_embedding_moved_loads_with_the_current_code_as_remote_code(tmp_path):
+    """The renaming of the older checkpoint name is registered by the model file itself, so that the current model
+    code, copied into an older folder and run as remote code in a process without hf_ext, loads it as well."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from safetensors.torch import load_file
+    from transformers.dynamic_module_utils import custom_object_save
+
+    folder = tmp_path / "seq2seq"
+    shutil.copytree(SAVED_BEFORE / "seq2seq", folder)
+    custom_object_save(UniversalTransformerForSeq2SeqLM(UniversalTransformerConfig.from_pretrained(folder)), folder)
+    script = textwrap.dedent(f"""
+        import sys, torch
+        sys.modules["hf_ext"] = None  # hf_ext must not be needed
+        from transformers import AutoModelForSeq2SeqLM
+        model, info = AutoModelForSeq2SeqLM.from_pretrained({str(folder)!r}, trust_remote_code=True,
+                                                            output_loading_info=True)
+        assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+        assert not any(info.values()), info
+        inputs = {{"input_ids": torch.tensor([[5, 9, 3, 17, 2], [8, 4, 11, 0, 0]]),
+                   "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]),
+                   "labels": torch.tensor([[6, 12, 7], [3, 3, 9]])}}
+        with torch.no_grad():
+            torch.save(model.eval()(**inputs).logits, {str(tmp_path / "logits.pt")!r})
+        """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    torch.testing.assert_close(torch.load(tmp_path / "logits.pt"),
+                               load_file(SAVED_BEFORE / "outputs.safetensors")["seq2seq.logits"], atol=1e-6, rtol=1e-6)

@@ -45,7 +45,7 @@ def test_converted_fixture_classifier(tmp_path):
 
 
 def test_frozen_seq2seq_encoder_and_decoder(tmp_path):
-    torch.manual_seed(0)
+    torch.manual_seed(2)  # a draw whose positions halt at four different steps
     config = UniversalTransformerConfig(vocab_size=30, hidden_size=16, num_attention_heads=2, intermediate_size=24,
                                         act_max_steps=6, pad_token_id=0, decoder_start_token_id=0, eos_token_id=2)
     model = UniversalTransformerForSeq2SeqLM(config).eval()

@@ -55,7 +55,7 @@ OVERRIDES = {"transformer_enc.act_fn.threshold": "act_threshold", "transformer_e
 ENCODER_PREFIX = "universal_transformer.encoder."
 # original key -> converted key (the halting unit only when ACT is on; the final layer norm only when applied)
 KEY_MAP = {
-    "emb.weight": ENCODER_PREFIX + "embed_tokens.weight",
+    "emb.weight": "universal_transformer.embed_tokens.weight",
     "W.weight": "classifier.weight",
     "W.bias": "classifier.bias",
     "transformer_enc.embedding_proj.weight": ENCODER_PREFIX + "embedding_proj.weight",

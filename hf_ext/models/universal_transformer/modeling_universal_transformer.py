@@ -29,6 +29,8 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import PreTrainedModel
 from transformers import initialization as init
+from transformers.conversion_mapping import register_checkpoint_conversion_mapping
+from transformers.core_model_loading import WeightRenaming
 from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -39,6 +41,12 @@ from transformers.utils.generic import can_return_tuple
 
 from .configuration_universal_transformer import UniversalTransformerConfig
 from .modeling_universal_transformer_packed import PackedStep, QueryLayout, packed_act_steps, packed_layer_forward
+
+# The token embedding is the model's (`embed_tokens`); it was the encoder stack's (`encoder.embed_tokens`) until it
+# moved out for FSDP2 (UniversalTransformerStack). Checkpoints keep that older name, which transformers renames on
+# loading and back on saving, so that folders written before and after the move read alike.
+register_checkpoint_conversion_mapping(
+    "universal-transformer", [WeightRenaming(r"encoder\.embed_tokens\.", "embed_tokens.")], overwrite=True)
 
 
 @dataclass
@@ -437,15 +445,21 @@ def fill_steps_not_taken(recorded: dict[str, tuple | None], max_steps: int,
 
 class UniversalTransformerStack(nn.Module):
     """One side (encoder or decoder): embedding lookup, input dropout, the optional embedding projection, the shared
-    layer applied over depth (fixed steps or ACT) and the final layer norm."""
+    layer applied over depth (fixed steps or ACT) and the final layer norm.
+
+    The token embedding is the model's, not the stack's: `input_embeddings` is the model's `get_input_embeddings`,
+    called at every lookup. A stack is one FSDP unit (`_no_split_modules`) and shards what it holds; the embedding the
+    encoder, decoder and softmax share must lie outside both stacks, in the model's unit, to stay one parameter (as
+    transformers' T5 and BART keep theirs outside their layers). Reading it through the model also follows a
+    replaced embedding (`set_input_embeddings`, `resize_token_embeddings`)."""
 
     main_input_name = "input_ids"  # generate() calls the encoder side directly
 
-    def __init__(self, config, is_decoder, embed_tokens):
+    def __init__(self, config, is_decoder, input_embeddings):
         super().__init__()
         self.config = config
         self.is_decoder = is_decoder
-        self.embed_tokens = embed_tokens
+        self.input_embeddings = input_embeddings
         self.dropout = nn.Dropout(config.input_dropout)
         self.embedding_proj = (nn.Linear(config.embedding_size, config.hidden_size, bias=False)
                                if config.project_embeddings else None)
@@ -482,7 +496,7 @@ class UniversalTransformerStack(nn.Module):
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
         if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
+            inputs_embeds = self.input_embeddings()(input_ids)
         state = self.dropout(inputs_embeds)
         if self.embedding_proj is not None:
             state = self.embedding_proj(state)
@@ -609,14 +623,15 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
 
     def __init__(self, config: UniversalTransformerConfig):
         super().__init__(config)
-        self.encoder = UniversalTransformerStack(config, False, UniversalTransformerEmbedding(config))
+        self.embed_tokens: nn.Module = UniversalTransformerEmbedding(config)
+        self.encoder = UniversalTransformerStack(config, False, self.get_input_embeddings)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.encoder.embed_tokens
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed_tokens
 
     def set_input_embeddings(self, value: nn.Module) -> None:
-        self.encoder.embed_tokens = value
+        self.embed_tokens = value
 
     @can_return_tuple
     def forward(
@@ -654,7 +669,7 @@ class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrain
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
+    def get_input_embeddings(self) -> nn.Module:
         return self.universal_transformer.get_input_embeddings()
 
     def set_input_embeddings(self, value: nn.Module) -> None:
@@ -698,31 +713,31 @@ class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrain
 class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, GenerationMixin):
     """Encoder-decoder Universal Transformer, ACT on both sides, one embedding matrix shared by the encoder, the
     decoder and the output softmax (tensor2tensor's `shared_embedding_and_softmax_weights`): the decoder's embedding
-    and the softmax are tied to the encoder's embedding (stored once, under `encoder.embed_tokens.weight`).
+    and the softmax are one parameter, the model's `embed_tokens.weight` (stored once, in checkpoints under its older
+    name `encoder.embed_tokens.weight`).
 
     `labels` are the targets (-100 is ignored); the decoder input is the targets shifted right behind
     `decoder_start_token_id` (the pad id, whose embedding is zero: t2t's zero first input). There is no decoding cache,
     as in tensor2tensor: `generate()` re-runs the decoder over the whole prefix at every new token.
     """
 
-    _tied_weights_keys = {"decoder.embed_tokens.weight": "encoder.embed_tokens.weight",
-                          "lm_head.weight": "encoder.embed_tokens.weight"}
+    _tied_weights_keys = {"lm_head.weight": "embed_tokens.weight"}
 
     def __init__(self, config: UniversalTransformerConfig):
         super().__init__(config)
         if config.embedding_size != config.hidden_size:
             raise ValueError("the shared output softmax needs embedding_size == hidden_size")
-        self.encoder = UniversalTransformerStack(config, False, UniversalTransformerEmbedding(config))
-        self.decoder = UniversalTransformerStack(config, True, UniversalTransformerEmbedding(config))
+        self.embed_tokens: nn.Module = UniversalTransformerEmbedding(config)
+        self.encoder = UniversalTransformerStack(config, False, self.get_input_embeddings)
+        self.decoder = UniversalTransformerStack(config, True, self.get_input_embeddings)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.encoder.embed_tokens
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed_tokens
 
     def set_input_embeddings(self, value: nn.Module) -> None:
-        self.encoder.embed_tokens = value
-        self.decoder.embed_tokens = value
+        self.embed_tokens = value
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
