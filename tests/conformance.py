@@ -12,6 +12,7 @@ it decides and words the skip itself; otherwise the tester names it in `not_appl
 the skip message, and a test in the model's own file shows that the reason holds.
 """
 
+import contextlib
 import copy
 import inspect
 import json
@@ -40,12 +41,54 @@ CACHE_NAME = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields_
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
 # the FSDP2 settings docs/scale.md gives `accelerate launch` (test_accelerate_fsdp2_plan_at_world_size_8)
 DOCS_FSDP2_CONFIG = Path(__file__).resolve().parents[1] / "docs" / "launch" / "accelerate_fsdp2_gpu.yaml"
-# Why test_accelerate_fsdp2_plan_at_world_size_8 fails for models on transformers' BERT (a tester's `known_failures`):
-# accelerate 1.15 shards each `_no_split_modules` module, then the input embeddings in a unit of their own, and
-# transformers 5's BERT lists `BertEmbeddings` there, so the word embeddings are sharded twice (transformers' own
-# BertForSequenceClassification fails alike)
-ACCELERATE_FSDP2_BERT_EMBEDDINGS = ("accelerate's FSDP2 plan shards BERT's word embeddings again inside "
-                                    "BertEmbeddings, a no-split unit")
+# the world of the FSDP2 plan checks, and the rank this process plays in it
+FSDP2_WORLD, FSDP2_RANK = 8, 3
+
+
+def docs_fsdp2_settings() -> dict:
+    """The `fsdp_config` of the FSDP2 config docs/scale.md gives `accelerate launch`."""
+    return yaml.safe_load(DOCS_FSDP2_CONFIG.read_text())["fsdp_config"]
+
+
+@contextlib.contextmanager
+def fake_process_group(world=FSDP2_WORLD, rank=FSDP2_RANK):
+    """torch's fake process group for this one process as `rank` of `world`: collectives do nothing, so the other
+    ranks' values are not there, shapes and placements are real."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def accelerate_fsdp2_prepare(model):
+    """`model` sharded as `accelerate launch --config_file docs/launch/accelerate_fsdp2_gpu.yaml` shards it for
+    `Trainer`: accelerate's own `fsdp2_prepare_model` with that config's FSDP settings (a unit per
+    `_no_split_modules` module, the input embedding in a unit of its own or, tied to the output embedding, in one with
+    it, the model last; the weights moved to the meta device, sharded there and loaded from the main process's copy),
+    in float32 (the config's bf16 autocast is a GPU setting), in a process group already started. accelerate picks
+    FSDP for accelerator devices only, so the plugin is handed to `fsdp2_prepare_model` directly rather than through
+    an `Accelerator` on this CPU. Skips where accelerate has no FSDP2."""
+    from types import SimpleNamespace
+
+    fsdp_utils = pytest.importorskip("accelerate.utils.fsdp_utils")
+    if not hasattr(fsdp_utils, "fsdp2_prepare_model"):
+        pytest.skip("this accelerate has no FSDP2 (accelerate >= 1.6)")
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    settings = docs_fsdp2_settings()
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=settings["fsdp_version"], auto_wrap_policy=settings["fsdp_auto_wrap_policy"],
+        reshard_after_forward=settings["fsdp_reshard_after_forward"],
+        state_dict_type=settings["fsdp_state_dict_type"],
+        cpu_ram_efficient_loading=settings["fsdp_cpu_ram_efficient_loading"])
+    # what fsdp2_prepare_model reads of an Accelerator; the main process holds the weights it loads from
+    accelerator = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin), torch_device_mesh=None,
+                                  mixed_precision="no", is_main_process=True, device=torch.device("cpu"))
+    return fsdp_utils.fsdp2_prepare_model(accelerator, model)
 
 
 def read_checkpoint(model, folder) -> dict[str, torch.Tensor]:
@@ -422,35 +465,30 @@ class ModelConformance:
         `Shard(0)` DTensor whose local piece is rank 3's share of dim 0 (its values too with `values_kept`: not
         where the values come through a collective, which the fake group leaves empty), and that a training step runs
         through the sharded model. Returns the sharded model."""
-        import torch.distributed as dist
         from torch.distributed.fsdp import FSDPModule
         from torch.distributed.tensor import DTensor, Shard
-        from torch.testing._internal.distributed.fake_pg import FakeStore
 
-        world, rank = 8, 3
         model = self.model().train()
         units = [module for module in model.modules() if type(module).__name__ in (model._no_split_modules or ())]
         assert {type(module).__name__ for module in units} == set(model._no_split_modules or ()), \
             f"_no_split_modules names classes the model lacks: {model._no_split_modules}"
         full = {name: parameter.detach().clone() for name, parameter in model.named_parameters(remove_duplicate=False)}
         tied = len(full) - len(dict(model.named_parameters()))
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-        try:
+        with fake_process_group():
             model = shard(model)
             assert isinstance(model, FSDPModule) and all(isinstance(module, FSDPModule) for module in units)
             assert len(full) - len(dict(model.named_parameters())) == tied
             for name, parameter in model.named_parameters():
                 rows = full[name].shape[0]
-                share = -(-rows // world)
+                share = -(-rows // FSDP2_WORLD)
                 assert isinstance(parameter, DTensor) and parameter.placements == (Shard(0),), name
                 local = parameter.to_local()
-                assert local.shape[0] == max(0, min(share, rows - rank * share)), name
+                assert local.shape[0] == max(0, min(share, rows - FSDP2_RANK * share)), name
                 if values_kept:
-                    torch.testing.assert_close(local, full[name][rank * share:rank * share + local.shape[0]],
-                                               atol=0, rtol=0, msg=name)
+                    start = FSDP2_RANK * share
+                    torch.testing.assert_close(local, full[name][start:start + local.shape[0]], atol=0, rtol=0,
+                                               msg=name)
             self.training_objective(model(**self.inputs(model.config, labels=True))).backward()
-        finally:
-            dist.destroy_process_group()
         return model
 
     def test_fsdp2_shards_each_no_split_module_at_world_size_8(self):
@@ -466,32 +504,11 @@ class ModelConformance:
         self.check_fsdp2_plan(shard)
 
     def test_accelerate_fsdp2_plan_at_world_size_8(self):
-        """The plan `accelerate launch --config_file docs/launch/accelerate_fsdp2_gpu.yaml` gives `Trainer`:
-        accelerate's own `fsdp2_prepare_model` with that config's FSDP settings (a unit per `_no_split_modules`
-        module, the input embedding in a unit of its own or, tied to the output embedding, in one with it, the model
-        last; the weights moved to the meta device, sharded there and loaded from the main process's copy), in
-        float32 (the config's bf16 autocast is a GPU setting), over 8 ranks (`check_fsdp2_plan`). accelerate picks
-        FSDP for accelerator devices only, so the plugin is handed to `fsdp2_prepare_model` directly rather than
-        through an `Accelerator` on this CPU."""
-        from types import SimpleNamespace
-
-        fsdp_utils = pytest.importorskip("accelerate.utils.fsdp_utils")
-        if not hasattr(fsdp_utils, "fsdp2_prepare_model"):
-            pytest.skip("this accelerate has no FSDP2 (accelerate >= 1.6)")
-        from accelerate.utils import FullyShardedDataParallelPlugin
-
-        settings = yaml.safe_load(DOCS_FSDP2_CONFIG.read_text())["fsdp_config"]
-        plugin = FullyShardedDataParallelPlugin(
-            fsdp_version=settings["fsdp_version"], auto_wrap_policy=settings["fsdp_auto_wrap_policy"],
-            reshard_after_forward=settings["fsdp_reshard_after_forward"],
-            state_dict_type=settings["fsdp_state_dict_type"],
-            cpu_ram_efficient_loading=settings["fsdp_cpu_ram_efficient_loading"])
-        # what fsdp2_prepare_model reads of an Accelerator; the main process holds the weights it loads from
-        accelerator = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin), torch_device_mesh=None,
-                                      mixed_precision="no", is_main_process=True, device=torch.device("cpu"))
+        """The plan `accelerate launch --config_file docs/launch/accelerate_fsdp2_gpu.yaml` gives `Trainer`
+        (`accelerate_fsdp2_prepare`), over 8 ranks (`check_fsdp2_plan`)."""
         # with cpu_ram_efficient_loading the shards arrive by a scatter from the main process
-        model = self.check_fsdp2_plan(lambda model: fsdp_utils.fsdp2_prepare_model(accelerator, model),
-                                      values_kept=not plugin.cpu_ram_efficient_loading)
+        model = self.check_fsdp2_plan(accelerate_fsdp2_prepare,
+                                      values_kept=not docs_fsdp2_settings()["fsdp_cpu_ram_efficient_loading"])
         output_embeddings = model.get_output_embeddings()
         if output_embeddings is not None and model.config.tie_word_embeddings:
             assert output_embeddings.weight is model.get_input_embeddings().weight

@@ -4,8 +4,9 @@ concerns them."""
 
 import pytest
 import torch
-from conformance import ACCELERATE_FSDP2_BERT_EMBEDDINGS, ModelConformance
-from transformers import BertConfig
+from conformance import ModelConformance, accelerate_fsdp2_prepare, fake_process_group
+from torch.distributed.fsdp import FSDPModule
+from transformers import BertConfig, BertForSequenceClassification, ModernBertConfig, RobertaConfig
 
 from hf_ext.models.mtdnn import (
     MTDNNConfig,
@@ -14,6 +15,7 @@ from hf_ext.models.mtdnn import (
     MTDNNForTokenClassification,
     MTDNNModel,
 )
+from hf_ext.models.mtdnn.modeling_mtdnn import no_split_modules_outside_input_embeddings
 
 BATCH, LENGTH = 2, 9
 TASKS = [
@@ -38,7 +40,6 @@ class MTDNNTester(ModelConformance):
     init_not_from_config = {r"\.rnn\.": "the SAN head's GRU cell starts with torch's own initialisation, "
                                          "U(+-1/sqrt(hidden_size)), as in the original"}
     not_applicable = {"test_classifier_with_more_labels_loads_only_when_mismatches_are_ignored": MORE_LABELS}
-    known_failures = {"test_accelerate_fsdp2_plan_at_world_size_8": ACCELERATE_FSDP2_BERT_EMBEDDINGS}
 
     def classifier_config(self, problem_type):
         """The task of the problem type: the SAN classification task, the regression task, or a classification task
@@ -50,10 +51,13 @@ class MTDNNTester(ModelConformance):
         topics = {"name": "topics", "type": "classification", "num_labels": 3}
         return self.config(tasks=[*TASKS, topics], default_task="topics", problem_type=problem_type)
 
+    def encoder(self, **overrides):
+        return BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=24, max_position_embeddings=40, **overrides)
+
     def config(self, **overrides):
         encoder_overrides = {name: overrides.pop(name) for name in list(overrides) if name in self.no_dropout}
-        encoder = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                             intermediate_size=24, max_position_embeddings=40, **encoder_overrides)
+        encoder = self.encoder(**encoder_overrides)
         tasks = [{**task, "dropout": 0.0} if encoder_overrides else task for task in overrides.pop("tasks", TASKS)]
         return MTDNNConfig(encoder=encoder, tasks=tasks, **{"default_task": "nli", **overrides})
 
@@ -116,6 +120,60 @@ class TestMTDNNForSequenceClassification(MTDNNTester):
                           ).config.problem_type == "regression"
         assert self.model(self.config(default_task="nli", problem_type="regression")
                           ).config.problem_type == "single_label_classification"
+
+
+# tiny encoders of three families, with the no-split modules of each (transformers') that MT-DNN keeps and the one
+# it leaves out, the embedding module (`no_split_modules_outside_input_embeddings`)
+ENCODERS = {
+    "bert": (TestMTDNNForSequenceClassification().encoder(), {"BertLayer"}, "BertEmbeddings"),
+    "roberta": (RobertaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                              intermediate_size=24, max_position_embeddings=40), {"RobertaLayer"}, "RobertaEmbeddings"),
+    "modernbert": (ModernBertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                    intermediate_size=32, global_attn_every_n_layers=1, local_attention=16,
+                                    pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2),
+                   {"ModernBertEncoderLayer"}, "ModernBertEmbeddings"),
+}
+
+
+class MTDNNClassifierOnEncoder(TestMTDNNForSequenceClassification):
+    """The sequence classifier's checks on another encoder (called by the test below, not collected)."""
+
+    def __init__(self, encoder):
+        self.encoder_config = encoder
+
+    def encoder(self, **overrides):
+        return self.encoder_config
+
+
+@pytest.mark.parametrize("family", sorted(ENCODERS))
+def test_no_split_modules_are_the_encoders_but_its_embeddings_for_accelerates_fsdp2_plan(family):
+    """MT-DNN runs on any encoder: it does not split its encoder's layers, and leaves the embedding module (a no-split
+    module in transformers) to accelerate's FSDP2 plan, which gives the word embeddings a unit of their own; the plan
+    then holds for each family (`test_accelerate_fsdp2_plan_at_world_size_8`)."""
+    encoder, kept, embedding_module = ENCODERS[family]
+    tester = MTDNNClassifierOnEncoder(encoder)
+    model = tester.model()
+    assert set(model.bert._no_split_modules) == kept | {embedding_module}
+    assert model._no_split_modules == kept
+    tester.test_accelerate_fsdp2_plan_at_world_size_8()
+
+
+def test_transformers_bert_classifier_fails_accelerates_fsdp2_plan_unless_its_embedding_module_is_left_out():
+    """What docs/scale.md says of transformers' own `BertForSequenceClassification`: accelerate's FSDP2 plan makes its
+    no-split `BertEmbeddings` a unit, then shards the word embeddings inside it a second time, which FSDP2 cannot do;
+    without `BertEmbeddings` among its no-split modules (MT-DNN's rule) the plan holds. This test fails when
+    transformers or accelerate change that, and the page with it."""
+    model = BertForSequenceClassification(ENCODERS["bert"][0])
+    assert "BertEmbeddings" in model._no_split_modules
+    with fake_process_group(), pytest.raises(TypeError, match="value was None"):
+        accelerate_fsdp2_prepare(model)
+    model = BertForSequenceClassification(ENCODERS["bert"][0])
+    model._no_split_modules = no_split_modules_outside_input_embeddings(model)
+    assert model._no_split_modules == {"BertLayer"}
+    with fake_process_group():
+        accelerate_fsdp2_prepare(model)
+    assert {name for name, module in model.named_modules() if isinstance(module, FSDPModule)} == {
+        "", "bert.embeddings.word_embeddings", "bert.encoder.layer.0", "bert.encoder.layer.1"}
 
 
 NOT_SAN = "the task is not a SAN task (TestMTDNNModel and TestMTDNNForSequenceClassification run the check)"

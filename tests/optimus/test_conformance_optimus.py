@@ -1,9 +1,10 @@
 """Optimus's two classes against the common model checks (`conformance.py`), and the regressions of issue #17 that
 concern them."""
 
+import pytest
 import torch
-from conformance import ACCELERATE_FSDP2_BERT_EMBEDDINGS, GenerationConformance, ModelConformance
-from transformers import LlamaConfig, ModernBertConfig
+from conformance import GenerationConformance, ModelConformance
+from transformers import LlamaConfig, ModernBertConfig, RobertaConfig
 
 from hf_ext import OptimusConfig, OptimusForSequenceClassification, OptimusModel
 from hf_ext.models.optimus.samples import tiny_config
@@ -89,7 +90,6 @@ class TestOptimusModelOnModernBertAndLlama(TestOptimusModel):
 
 class TestOptimusForSequenceClassification(OptimusTester):
     model_class = OptimusForSequenceClassification
-    known_failures = {"test_accelerate_fsdp2_plan_at_world_size_8": ACCELERATE_FSDP2_BERT_EMBEDDINGS}
 
     def inputs(self, config, labels=False):
         inputs = self.source(config)
@@ -99,6 +99,48 @@ class TestOptimusForSequenceClassification(OptimusTester):
 
     def output_shapes(self, config, inputs, outputs, kind):
         return self.encoder_shapes(config, kind, "")
+
+
+# tiny encoders of three families for the classifier, the pooling each has and the no-split modules the classifier
+# keeps: transformers' less the embedding module, which holds its input embeddings
+# (`no_split_modules_outside_input_embeddings`)
+CLASSIFIER_ENCODERS = {
+    "bert": (TestOptimusForSequenceClassification().config().encoder, "pooler", {"BertLayer"}),
+    "roberta": (RobertaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                              intermediate_size=32, max_position_embeddings=40), "pooler", {"RobertaLayer"}),
+    "modernbert": (TestOptimusModelOnModernBertAndLlama().config().encoder, "cls", {"ModernBertEncoderLayer"}),
+}
+
+
+class OptimusClassifierOnEncoder(TestOptimusForSequenceClassification):
+    """The classifier's checks on another encoder (called by the test below, not collected)."""
+
+    def __init__(self, encoder, pooling):
+        self.encoder, self.pooling = encoder, pooling
+
+    def config(self, **overrides):
+        # the classifier's dropout by default is the encoder's hidden_dropout_prob, which ModernBERT's config lacks
+        return OptimusConfig(encoder=self.encoder, decoder=super().config().decoder, latent_size=8,
+                             encoder_pooling=self.pooling, classifier_dropout=0.1, **overrides)
+
+
+@pytest.mark.parametrize("family", sorted(CLASSIFIER_ENCODERS))
+def test_the_classifier_leaves_its_embedding_module_to_accelerates_fsdp2_plan(family):
+    """The classifier's input embeddings are its encoder's: it does not split the encoder's layers and leaves the
+    embedding module (a no-split module in transformers) to accelerate's FSDP2 plan, which gives the word embeddings
+    a unit of their own; the plan then holds for each family (`test_accelerate_fsdp2_plan_at_world_size_8`)."""
+    encoder, pooling, kept = CLASSIFIER_ENCODERS[family]
+    tester = OptimusClassifierOnEncoder(encoder, pooling)
+    model = tester.model()
+    assert model._no_split_modules == kept
+    assert set(model.encoder._no_split_modules) - kept == {type(model.encoder.embeddings).__name__}
+    tester.test_accelerate_fsdp2_plan_at_world_size_8()
+
+
+def test_the_vae_keeps_its_encoders_embedding_module_whole():
+    """`OptimusModel`'s input embeddings are its decoder's, which GPT-2 keeps outside its no-split modules: the
+    encoder's embedding module stays a no-split module."""
+    assert TestOptimusModel().model()._no_split_modules == {"BertEmbeddings", "BertLayer", "GPT2Block"}
 
 
 # ----- regressions of issue #17 -----

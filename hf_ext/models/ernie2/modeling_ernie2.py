@@ -1,8 +1,9 @@
 """ERNIE 2.0 continual multi-task pre-training (Sun et al., AAAI 2020) on transformers' `ErnieModel`.
 
-The encoder and the knowledge-masking head are transformers' own (`ErnieModel` with `task_type_ids`,
-`ErnieOnlyMLMHead` tied to the word embeddings), under the names of `ErnieForPreTraining` (`ernie.*`,
-`cls.predictions.*`), so a converted ERNIE folder loads into it and its encoder saves back to a plain `ernie` folder.
+The encoder is transformers' own (`ErnieModel` with `task_type_ids`) and the knowledge-masking head transformers'
+`ErnieOnlyMLMHead` (tied to the word embeddings) but for its output bias, which the decoder alone holds
+(`Ernie2LMPredictionHead`), under the names of `ErnieForPreTraining` (`ernie.*`, `cls.predictions.*`), so a
+converted ERNIE folder loads into it and its encoder saves back to a plain `ernie` folder.
 The other six heads are single linear layers: on every token's output for capitalization and token-document
 relation, on the pooled [CLS] output (`fc(pooled_output, num_labels)`, as the released code's task heads) for
 sentence reordering, sentence distance, discourse relation and IR relevance. The original pre-training code was
@@ -21,12 +22,20 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from transformers import ErnieConfig, ErnieForMaskedLM, ErnieForPreTraining
-from transformers.models.ernie.modeling_ernie import ErnieModel, ErnieOnlyMLMHead, ErniePreTrainedModel
+from transformers.conversion_mapping import register_checkpoint_conversion_mapping
+from transformers.core_model_loading import WeightRenaming
+from transformers.models.ernie.modeling_ernie import ErnieModel, ErniePredictionHeadTransform, ErniePreTrainedModel
 from transformers.utils import ModelOutput, can_return_tuple
 
 from .configuration_ernie2 import PRETRAINING_TASKS, TOKEN_LEVEL_TASKS, Ernie2PreTrainingConfig
 
 IGNORE_INDEX = -100
+
+# The MLM decoder's bias is a parameter of the decoder alone (Ernie2LMPredictionHead). Checkpoints keep the name
+# transformers' ERNIE saves it under, which transformers renames on loading and back on saving.
+register_checkpoint_conversion_mapping(
+    Ernie2PreTrainingConfig.model_type,
+    [WeightRenaming(r"cls\.predictions\.bias", "cls.predictions.decoder.bias")], overwrite=True)
 
 
 # ----- sentence reordering labels ----------------------------------------------------------------------------------
@@ -90,6 +99,45 @@ class Ernie2PreTrainingOutput(ModelOutput):
     attentions: tuple[torch.Tensor, ...] | None = None
 
 
+def take_the_bias_under_its_saved_name(module: nn.Module, state_dict: dict[str, torch.Tensor], prefix: str,
+                                       *args: Any) -> None:
+    """A `load_state_dict` pre-hook of `Ernie2LMPredictionHead`: its decoder's bias from `bias`, the name checkpoints
+    and transformers' ERNIE state dicts give it (these also hold it as `decoder.bias`, which wins)."""
+    bias = state_dict.pop(f"{prefix}bias", None)
+    if bias is not None:
+        state_dict.setdefault(f"{prefix}decoder.bias", bias)
+
+
+class Ernie2LMPredictionHead(nn.Module):
+    """transformers' `ErnieLMPredictionHead` (a transform, then the decoder, whose weight is the word embeddings'),
+    the output bias the decoder's own. transformers' head also holds that bias as its `bias` (tied to `decoder.bias`),
+    so one parameter belongs to two modules, which accelerate's FSDP2 plan puts in two units: the decoder in the word
+    embeddings' unit, the head in the model's; FSDP2 refuses a parameter two units share."""
+
+    def __init__(self, config: ErnieConfig):
+        super().__init__()
+        self.transform = ErniePredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        # Trainer resumes from a checkpoint by `load_state_dict` of its tensors as saved, without transformers'
+        # renaming: the bias is found under its saved name there too
+        self.register_load_state_dict_pre_hook(take_the_bias_under_its_saved_name)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(hidden_states))
+
+
+class Ernie2OnlyMLMHead(nn.Module):
+    """transformers' `ErnieOnlyMLMHead` on `Ernie2LMPredictionHead`: the weights are named as transformers' ERNIE
+    names them (`cls.predictions.*`)."""
+
+    def __init__(self, config: ErnieConfig):
+        super().__init__()
+        self.predictions = Ernie2LMPredictionHead(config)
+
+    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
+        return self.predictions(sequence_output)
+
+
 class Ernie2ForPreTraining(ErniePreTrainedModel):
     r"""
     ERNIE 2.0 with the heads of its seven pre-training tasks. Give `task_type_ids` (each row: its task's id,
@@ -102,17 +150,14 @@ class Ernie2ForPreTraining(ErniePreTrainedModel):
     """
 
     config: Ernie2PreTrainingConfig
-    _tied_weights_keys = {
-        "cls.predictions.decoder.weight": "ernie.embeddings.word_embeddings.weight",
-        "cls.predictions.decoder.bias": "cls.predictions.bias",
-    }
+    _tied_weights_keys = {"cls.predictions.decoder.weight": "ernie.embeddings.word_embeddings.weight"}
     # the loss is a mean per task, not a sum over the items of the accumulated batches
     accepts_loss_kwargs = False
 
     def __init__(self, config):
         super().__init__(config)
         self.ernie = ErnieModel(config)
-        self.cls = ErnieOnlyMLMHead(config)
+        self.cls = Ernie2OnlyMLMHead(config)
         self.heads = nn.ModuleDict({task: nn.Linear(config.hidden_size, classes)
                                     for task, classes in config.task_num_labels.items()
                                     if task != "knowledge_masking"})
@@ -123,7 +168,6 @@ class Ernie2ForPreTraining(ErniePreTrainedModel):
 
     def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
         self.cls.predictions.decoder = new_embeddings
-        self.cls.predictions.bias = new_embeddings.bias
 
     @can_return_tuple
     def forward(

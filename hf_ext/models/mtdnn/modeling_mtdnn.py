@@ -254,16 +254,35 @@ def build_head(task: dict[str, Any], hidden_size: int) -> nn.Module:
     return MTDNNLinearHead(hidden_size, task["num_labels"], task["dropout"])
 
 
+# Copied from hf_ext.models.optimus.modeling_optimus.no_split_modules_outside_input_embeddings
+def no_split_modules_outside_input_embeddings(model: PreTrainedModel) -> set[str]:
+    """`model._no_split_modules` (its backbones', which `post_init` collects) less the classes of the modules that hold
+    its input embeddings, such as BERT's `BertEmbeddings` or RoBERTa's `RobertaEmbeddings`. accelerate's FSDP2 plan
+    (`fsdp2_prepare_model`) makes each no-split module an FSDP unit, then the input embeddings a unit of their own:
+    inside a no-split unit they would be sharded a second time, which FSDP2 cannot do."""
+    embeddings = model.get_input_embeddings()
+    path = next(name for name, module in model.named_modules() if module is embeddings).split(".")
+    holders = {type(model.get_submodule(".".join(path[:depth]))).__name__ for depth in range(1, len(path))}
+    return set(model._no_split_modules or ()) - holders
+
+
 class MTDNNPreTrainedModel(PreTrainedModel):
     config: MTDNNConfig
     base_model_prefix = "bert"  # an encoder's checkpoint loads into the encoder, the heads start fresh
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
-    # the attention implementation and the modules not to split are the encoder's own (post_init collects the latter)
+    # the attention implementation and the modules not to split are the encoder's own (post_init collects the latter,
+    # less its embedding module: no_split_modules_outside_input_embeddings)
     _supports_sdpa = True
     _supports_attention_backend = True
     # Trainer: the loss is a batch mean, not normalised across gradient-accumulation steps.
     accepts_loss_kwargs = False
+
+    # Copied from hf_ext.models.optimus.modeling_optimus.OptimusPreTrainedModel.post_init
+    def post_init(self) -> None:
+        super().post_init()
+        # the backbones' no-split modules, which super().post_init() collects, less those that hold the input embeddings
+        self._no_split_modules = no_split_modules_outside_input_embeddings(self)
 
     @torch.no_grad()
     def _init_weights(self, module):

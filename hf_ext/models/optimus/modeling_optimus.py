@@ -117,17 +117,34 @@ def reconstruction_loss(logits: torch.Tensor, labels: torch.Tensor, pad_token_id
     return token_loss.view(shift_labels.shape).sum(-1)
 
 
+def no_split_modules_outside_input_embeddings(model: PreTrainedModel) -> set[str]:
+    """`model._no_split_modules` (its backbones', which `post_init` collects) less the classes of the modules that hold
+    its input embeddings, such as BERT's `BertEmbeddings` or RoBERTa's `RobertaEmbeddings`. accelerate's FSDP2 plan
+    (`fsdp2_prepare_model`) makes each no-split module an FSDP unit, then the input embeddings a unit of their own:
+    inside a no-split unit they would be sharded a second time, which FSDP2 cannot do."""
+    embeddings = model.get_input_embeddings()
+    path = next(name for name, module in model.named_modules() if module is embeddings).split(".")
+    holders = {type(model.get_submodule(".".join(path[:depth]))).__name__ for depth in range(1, len(path))}
+    return set(model._no_split_modules or ()) - holders
+
+
 class OptimusPreTrainedModel(PreTrainedModel):
     config: OptimusConfig
     base_model_prefix = "optimus"
     main_input_name = "input_ids"
     # The decoder's memory lives in the KV cache, which gradient checkpointing drops in training.
     supports_gradient_checkpointing = False
-    _no_split_modules = ["BertLayer", "GPT2Block"]  # the original's pair; an instance lists its own backbones'
+    # the original's pair; an instance lists its own backbones' (post_init)
+    _no_split_modules: set[str] | list[str] | None = ["BertLayer", "GPT2Block"]
     _supports_sdpa = True
     _supports_attention_backend = True
     # Trainer: the loss is a batch mean, not normalised across gradient-accumulation steps.
     accepts_loss_kwargs = False
+
+    def post_init(self) -> None:
+        super().post_init()
+        # the backbones' no-split modules, which super().post_init() collects, less those that hold the input embeddings
+        self._no_split_modules = no_split_modules_outside_input_embeddings(self)
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -201,7 +218,7 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
         self.to_latent = nn.Linear(enc.hidden_size, 2 * config.latent_size, bias=False)
         # the decoder's base model (GPT2Model, LlamaModel, ...); the LM head is this model's, as in the original
         self.decoder = AutoModel.from_config(dec)
-        self._no_split_modules = [*self._no_split_modules, *(self.decoder._no_split_modules or [])]
+        self._no_split_modules = [*(self._no_split_modules or []), *(self.decoder._no_split_modules or [])]
         embedding_name = next(name for name, module in self.decoder.named_modules()
                               if module is self.decoder.get_input_embeddings())
         self._tied_weights_keys = {"lm_head.weight": f"decoder.{embedding_name}.weight"}
