@@ -385,6 +385,23 @@ def test_folders_saved_before_the_embedding_moved_load_and_save_alike(tmp_path, 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name, model_class", [
+    ("seq2seq", UniversalTransformerForSeq2SeqLM), ("classification", UniversalTransformerForSequenceClassification),
+    ("encoder", UniversalTransformerModel)])
+def test_a_checkpoint_file_loads_raw_under_its_saved_names(name, model_class):
+    """`load_state_dict` of a saved file as it is (how Trainer resumes from a checkpoint, bypassing transformers'
+    renaming) takes the embedding from its saved name `encoder.embed_tokens.weight`."""
+    from safetensors.torch import load_file
+
+    stored = load_file(SAVED_BEFORE / name / "model.safetensors")
+    model = model_class(UniversalTransformerConfig.from_pretrained(SAVED_BEFORE / name))
+    result = model.load_state_dict(stored, strict=False)
+    tied = {"lm_head.weight"} if name == "seq2seq" else set()  # saved once, as the embedding
+    assert set(result.missing_keys) == tied and not result.unexpected_keys, result
+    embedding = next(value for key, value in stored.items() if key.endswith("encoder.embed_tokens.weight"))
+    torch.testing.assert_close(model.get_input_embeddings().weight, embedding, atol=0, rtol=0)
+
+
 def test_a_folder_saved_before_the_embedding_moved_loads_with_the_current_code_as_remote_code(tmp_path):
     """The renaming of the older checkpoint name is registered by the model file itself, so that the current model
     code, copied into an older folder and run as remote code in a process without hf_ext, loads it as well."""

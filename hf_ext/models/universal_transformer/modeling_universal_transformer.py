@@ -49,6 +49,15 @@ register_checkpoint_conversion_mapping(
     "universal-transformer", [WeightRenaming(r"encoder\.embed_tokens\.", "embed_tokens.")], overwrite=True)
 
 
+def take_the_embedding_under_its_saved_name(module: nn.Module, state_dict: dict[str, torch.Tensor], prefix: str,
+                                            *args: Any) -> None:
+    """A `load_state_dict` pre-hook of the modules that own `embed_tokens`: the embedding from its saved name
+    `encoder.embed_tokens.`, for the loads that bypass transformers' renaming (Trainer resuming from a checkpoint
+    loads the raw file)."""
+    for key in [key for key in state_dict if key.startswith(f"{prefix}encoder.embed_tokens.")]:
+        state_dict.setdefault(prefix + key[len(f"{prefix}encoder."):], state_dict.pop(key))
+
+
 @dataclass
 class UniversalTransformerModelOutput(ModelOutput):
     r"""
@@ -624,6 +633,7 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
     def __init__(self, config: UniversalTransformerConfig):
         super().__init__(config)
         self.embed_tokens: nn.Module = UniversalTransformerEmbedding(config)
+        self.register_load_state_dict_pre_hook(take_the_embedding_under_its_saved_name)
         self.encoder = UniversalTransformerStack(config, False, self.get_input_embeddings)
         self.post_init()
 
@@ -728,6 +738,7 @@ class UniversalTransformerForSeq2SeqLM(UniversalTransformerPreTrainedModel, Gene
         if config.embedding_size != config.hidden_size:
             raise ValueError("the shared output softmax needs embedding_size == hidden_size")
         self.embed_tokens: nn.Module = UniversalTransformerEmbedding(config)
+        self.register_load_state_dict_pre_hook(take_the_embedding_under_its_saved_name)
         self.encoder = UniversalTransformerStack(config, False, self.get_input_embeddings)
         self.decoder = UniversalTransformerStack(config, True, self.get_input_embeddings)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
