@@ -8,11 +8,13 @@ paper's own label-conditional generation as its released code does it (method `c
 learned embedding per label added to z, sampling a z plus the requested labels' embeddings, editing by adding the
 target's embedding to a sentence's z.
 
-Model: the demo's recipe and data (`hf_ext/models/optimus/demo.py`, with `optimus_decoders.py`'s GPT-2 set-up): the
-40 bundled sentences and 216 recombined from their parts (subject, activity, place), 5,000 steps. Attributes: the
-three parts, so that every decoded sentence can be parsed back (`demo.sentence_parts`): a sentence is well-formed
-when it is exactly "SUBJECT is ACTIVITY PLACE ." with known parts. Operators: one per part, trained on 20 recombined
-sentences per label. Measured, per seed:
+Model: the demo's sizes, schedule and optimiser (`hf_ext/models/optimus/demo.py`, with `optimus_decoders.py`'s GPT-2
+set-up and tokenizers) on this task's data: the 216 sentences recombined from the bundled sentences' parts (subject,
+activity, place) but 36 held-out combinations (`held_out`), 2,000 steps, the posterior reading the encoder's mean
+token state (`ENCODER_POOLING`: with the demo's BERT pooler, a model of the same data kept the place in 0.28 of its
+reconstructions, seed 0 at 5,000 steps). Attributes: the three parts, so that every decoded sentence can be parsed
+back (`demo.sentence_parts`): a sentence is well-formed when it is exactly "SUBJECT is ACTIVITY PLACE ." with known
+parts. Operators: one per part, trained on 20 sentences per label of those the model trained on. Measured, per seed:
 
 - guided sampling, one attribute, by each method: every label of every part, `SAMPLES_PER_LABEL` samples each: the
   share whose parsed part is the requested one, beside the same count drawn from the flow's starting distribution
@@ -21,8 +23,9 @@ sentences per label. Measured, per seed:
 - two attributes combined: `PAIR_REQUESTS` random label pairs of each two parts, the share matching both;
 - editing, by each method (and the `gaussian` one with `keep_others`, the move off the other parts' directions):
   `EDITS` random (recombined sentence, part, other label) requests: the share whose output has the target label and
-  keeps the other two parts, and beside it the reconstruction's own share keeping each part (what the latent
-  carries: an edit cannot keep what the model does not encode);
+  keeps the other two parts (and of the edits of held-out sentences), and beside it the reconstruction's own share
+  keeping each part, of all 216 sentences and of the 36 held out (what the latent carries: an edit cannot keep what
+  the model does not encode);
 - the latent map of seed 0: posterior means on a plane, the subject operator's regions and one edit's path by the
   flow and by the `gaussian` method (the `conditional` one edits in its own fine-tuned model's latent space).
 
@@ -320,9 +323,6 @@ def claims(results: dict) -> list[tuple[str, object]]:
         found += [
             (f"{method}: guided sampling matches one requested part >= {GOALS['one attribute']} (each part)",
              lambda seed, m=method: all(single(seed, name, m) >= GOALS["one attribute"] for name in PARTS)),
-            (f"{method}: ... for the subject and the activity (the parts the reconstructions keep)",
-             lambda seed, m=method: all(single(seed, name, m) >= GOALS["one attribute"]
-                                        for name in ("subject", "activity"))),
             (f"{method}: guided sampling matches more often than unguided draws (each part)",
              lambda seed, m=method: all(single(seed, name, m) > seed["attributes"][name]["unguided_match"]
                                         for name in PARTS)),
@@ -335,17 +335,16 @@ def claims(results: dict) -> list[tuple[str, object]]:
             (f"{method}: edits reach the target and keep the other parts >= {GOALS['editing']}",
              lambda seed, m=method: seed["editing"][m]["success"] >= GOALS["editing"]),
         ]
-    found.append(("gaussian matches one part more often than flow (each part)",
-                  lambda seed: all(single(seed, name, "gaussian") > single(seed, name, "flow") for name in PARTS)))
-    found.append(("gaussian edits succeed more often than flow edits",
-                  lambda seed: seed["editing"]["gaussian"]["success"] > seed["editing"]["flow"]["success"]))
-    found.append((f"{CONDITIONAL} matches the place (which the frozen model's z carries least) more often than "
-                  "gaussian and flow",
-                  lambda seed: single(seed, "place", CONDITIONAL) > max(single(seed, "place", method)
-                                                                          for method in ("gaussian", "flow"))))
-    found.append((f"gaussian matches the subject and the activity more often than {CONDITIONAL}",
-                  lambda seed: all(single(seed, name, "gaussian") > single(seed, name, CONDITIONAL)
-                                   for name in ("subject", "activity"))))
+    found.insert(0, ("the reconstructions keep every part >= 0.99, of the 216 sentences and of the 36 held out",
+                     lambda seed: all(min(seed["attributes"][name]["reconstruction_keeps"],
+                                          seed["attributes"][name]["reconstruction_keeps_held_out"]) >= 0.99
+                                      for name in PARTS)))
+    for other in ("flow", CONDITIONAL):
+        found.append((f"gaussian matches one part at least as often as {other} (each part)",
+                      lambda seed, o=other: all(single(seed, name, "gaussian") >= single(seed, name, o)
+                                                for name in PARTS)))
+        found.append((f"gaussian edits succeed more often than {other} edits",
+                      lambda seed, o=other: seed["editing"]["gaussian"]["success"] > seed["editing"][o]["success"]))
     return found
 
 

@@ -25,17 +25,18 @@ classifier gives the sentence (LatentOps' editing keeps the other attributes so)
 latent.
 
 A second method, `gaussian`, stays on the data: each operator also stores a Gaussian per label fitted to the same
-labelled sentences (the label's mean of posterior means; one covariance shared by the labels, the pooled within-label
-covariance shrunk by `LABEL_SHRINKAGE` toward the operator's whole-data fit). Guided sampling draws from the requested
-label's Gaussian (at `GAUSSIAN_TEMPERATURE` of its spread: nearer the label's mean, more samples carry the
-label); several attributes combine as p(z | a, b) ∝ p(z | a) p(z | b) / p(z), the same composition as the
-flow's energy (attributes independent given z) written with Gaussians: precisions add, the base p(z)'s precision is
-taken out once per extra attribute, so that the variance the labels share is not counted twice (a plain product of
-the label Gaussians would shrink the samples' spread with every attribute). Editing is the Optimus paper's latent
-arithmetic: the latent moves by the difference of the target label's mean and the mean of the label the sentence has
-(the nearest label mean under the shared covariance); with `keep_others` the move loses its components along the
-other operators' label means (the directions their labels differ in), meant to keep their parts; measured on the
-demo models it keeps them less often than the plain move, so it is off by default.
+labelled sentences (the label's mean of posterior means; one covariance shared by the labels, the pooled
+within-label covariance shrunk by `LABEL_SHRINKAGE` toward the operator's whole-data fit). Guided sampling draws
+from the requested label's Gaussian (at `GAUSSIAN_TEMPERATURE` of its spread: nearer the label's mean, more samples
+carry the label), each draw with a random label of every other loaded operator (`label_mixture_latents`: the other
+parts' clusters rather than the point between them); several attributes combine as p(z | a, b) ∝ p(z | a) p(z | b) /
+p(z), the same composition as the flow's energy (attributes independent given z) written with Gaussians: precisions
+add, the base p(z)'s precision is taken out once per extra attribute, so that the variance the labels share is not
+counted twice (a plain product of the label Gaussians would shrink the samples' spread with every attribute).
+Editing is the Optimus paper's latent arithmetic: the latent moves by the difference of the target label's mean and
+the mean of the label the sentence has (the nearest label mean under the shared covariance); with `keep_others` the
+move loses its components along the other operators' label means (the directions their labels differ in), meant to
+keep their parts; measured on the demo models it keeps them less often than the plain move, so it is off by default.
 
 A third method, `conditional`, is the Optimus paper's own label-conditional generation as its released code does it
 (the fine-tuning is in `conditional`): not an operator on a frozen model's z but a fine-tuned model with a learned
