@@ -8,11 +8,13 @@ paper's own label-conditional generation as its released code does it (method `c
 learned embedding per label added to z, sampling a z plus the requested labels' embeddings, editing by adding the
 target's embedding to a sentence's z.
 
-Model: the demo's recipe and data (`hf_ext/models/optimus/demo.py`, with `optimus_decoders.py`'s GPT-2 set-up): the
-40 bundled sentences and 216 recombined from their parts (subject, activity, place), 5,000 steps. Attributes: the
-three parts, so that every decoded sentence can be parsed back (`demo.sentence_parts`): a sentence is well-formed
-when it is exactly "SUBJECT is ACTIVITY PLACE ." with known parts. Operators: one per part, trained on 20 recombined
-sentences per label. Measured, per seed:
+Model: the demo's sizes, schedule and optimiser (`hf_ext/models/optimus/demo.py`, with `optimus_decoders.py`'s GPT-2
+set-up and tokenizers) on this task's data: the 216 sentences recombined from the bundled sentences' parts (subject,
+activity, place) but 36 held-out combinations (`held_out`), 2,000 steps, the posterior reading the encoder's mean
+token state (`ENCODER_POOLING`: with the demo's BERT pooler, a model of the same data kept the place in 0.28 of its
+reconstructions, seed 0 at 5,000 steps). Attributes: the three parts, so that every decoded sentence can be parsed
+back (`demo.sentence_parts`): a sentence is well-formed when it is exactly "SUBJECT is ACTIVITY PLACE ." with known
+parts. Operators: one per part, trained on 20 sentences per label of those the model trained on. Measured, per seed:
 
 - guided sampling, one attribute, by each method: every label of every part, `SAMPLES_PER_LABEL` samples each: the
   share whose parsed part is the requested one, beside the same count drawn from the flow's starting distribution
@@ -21,8 +23,9 @@ sentences per label. Measured, per seed:
 - two attributes combined: `PAIR_REQUESTS` random label pairs of each two parts, the share matching both;
 - editing, by each method (and the `gaussian` one with `keep_others`, the move off the other parts' directions):
   `EDITS` random (recombined sentence, part, other label) requests: the share whose output has the target label and
-  keeps the other two parts, and beside it the reconstruction's own share keeping each part (what the latent
-  carries: an edit cannot keep what the model does not encode);
+  keeps the other two parts (and of the edits of held-out sentences), and beside it the reconstruction's own share
+  keeping each part, of all 216 sentences and of the 36 held out (what the latent carries: an edit cannot keep what
+  the model does not encode);
 - the latent map of seed 0: posterior means on a plane, the subject operator's regions and one edit's path by the
   flow and by the `gaussian` method (the `conditional` one edits in its own fine-tuned model's latent space).
 
@@ -63,7 +66,6 @@ from hf_ext.models.optimus.conditional import train_label_conditional
 from hf_ext.models.optimus.demo import (
     ACTIVITIES,
     BATCH_SIZE,
-    BUNDLED_REPEATS,
     LEARNING_RATE,
     PLACES,
     RATIO_INCREASE,
@@ -74,12 +76,12 @@ from hf_ext.models.optimus.demo import (
     sentence_parts,
 )
 from hf_ext.models.optimus.training import finetune_optimus
-from hf_ext.sample_text import bundled_sentences
 
 RESULT_KEYS = ["settings", "attributes", "conditional", "pairs", "editing", "latent_map"]  # of each seed
 
 PARTS = {"subject": SUBJECTS, "activity": ACTIVITIES, "place": PLACES}
-STEPS, QUICK_STEPS = 5000, 60
+STEPS, QUICK_STEPS = 2000, 60
+ENCODER_POOLING = "mean"
 QUICK_CONDITIONAL_STEPS = 20
 LABELS_PER_CLASS = 20
 SAMPLES_PER_LABEL, QUICK_SAMPLES_PER_LABEL = 20, 2
@@ -100,12 +102,24 @@ def well_formed(text: str) -> bool:
     return len(parts) == len(PARTS) and text == f"{parts['subject']} is {parts['activity']} {parts['place']} ."
 
 
+def held_out(sentence: str) -> bool:
+    """Whether a recombined sentence is one of the 36 combinations the model never trains on: those whose
+    subject, activity and place indices sum to a multiple of 6 (every label of every part, and every pair of two
+    parts' labels, is in exactly one of them)."""
+    parts = sentence_parts(sentence)
+    return sum(PARTS[name].index(parts[name]) for name in PARTS) % len(SUBJECTS) == 0
+
+
 def train_model(processor, steps: int, seed: int, folder: Path) -> OptimusModel:
-    """The demo's recipe with the GPT-2 decoder."""
-    texts = bundled_sentences() * BUNDLED_REPEATS + recombined_sentences()
+    """The demo's sizes, schedule and optimiser on this task's data: the recombined sentences but the held-out
+    combinations, and the encoder's mean token state as the posterior's input (`encoder_pooling="mean"`) in place of
+    the demo's BERT pooler, which carried the place in 1 model of 3 (docs/optimus.md)."""
+    texts = [text for text in recombined_sentences() if not held_out(text)]
     random.Random(seed).shuffle(texts)
     torch.manual_seed(seed)
-    model = OptimusModel(optimus_config("gpt2", processor))
+    config = optimus_config("gpt2", processor)
+    config.encoder_pooling = ENCODER_POOLING
+    model = OptimusModel(config)
     finetune_optimus(model, processor, Dataset.from_dict({"text": texts}), folder, max_steps=steps,
                      batch_size=BATCH_SIZE, learning_rate=LEARNING_RATE, ratio_zero=RATIO_ZERO,
                      ratio_increase=RATIO_INCREASE, logging_steps=max(1, steps // 40),
@@ -161,6 +175,9 @@ def measure_editing(space, operators, edits, editor: dict) -> dict:
             "kept": sum(r["kept"] for r in results) / len(results),
             "by_attribute": {name: sum(r["reached"] and r["kept"] for r in results if r["attribute"] == name)
                              / max(1, sum(r["attribute"] == name for r in results)) for name in PARTS},
+            "held_out_edits": sum(held_out(r["source"]) for r in results),
+            "held_out_success": sum(r["reached"] and r["kept"] for r in results if held_out(r["source"]))
+                                / max(1, sum(held_out(r["source"]) for r in results)),
             "examples": results[:6]}
 
 
@@ -231,11 +248,16 @@ def run(args) -> dict:
     means, _ = space.encode(recombined)
     reconstructions = space.decode(means)
 
+    unseen = [held_out(text) for text in recombined]
     operators, attributes, labelled = {}, {}, {}
     for name, labels in PARTS.items():
+        # labelled from the sentences the model trained on: the held-out combinations stay unseen by the operators too
         chosen = [text for label in labels for text in
-                  rng.sample([text for text in recombined if sentence_parts(text)[name] == label], LABELS_PER_CLASS)]
+                  rng.sample([text for text, new in zip(recombined, unseen, strict=True)
+                              if not new and sentence_parts(text)[name] == label], LABELS_PER_CLASS)]
         labelled[name] = (chosen, [sentence_parts(text)[name] for text in chosen])
+        keeps = [sentence_parts(output).get(name) == sentence_parts(text)[name]
+                 for output, text in zip(reconstructions, recombined, strict=True)]
         started = time.perf_counter()
         operators[name] = train_latent_attribute(space, *labelled[name], name, seed=args.seed)
         attributes[name] = {
@@ -243,9 +265,9 @@ def run(args) -> dict:
             "parameters": sum(p.numel() for p in operators[name].parameters()),
             "accuracy": sum(predicted == sentence_parts(text)[name] for predicted, text in
                             zip(operators[name].predict(means), recombined, strict=True)) / len(recombined),
-            "reconstruction_keeps": sum(sentence_parts(output).get(name) == sentence_parts(text)[name]
-                                        for output, text in zip(reconstructions, recombined, strict=True))
-                                    / len(recombined)}
+            "reconstruction_keeps": sum(keeps) / len(keeps),
+            "reconstruction_keeps_held_out": sum(kept for kept, new in zip(keeps, unseen, strict=True) if new)
+                                             / sum(unseen)}
     print(f"seed {args.seed}: fine-tuning a copy of the model with label embeddings (method {CONDITIONAL})",
           flush=True)
     conditional_steps = QUICK_CONDITIONAL_STEPS if quick else CONDITIONAL_STEPS
@@ -301,9 +323,6 @@ def claims(results: dict) -> list[tuple[str, object]]:
         found += [
             (f"{method}: guided sampling matches one requested part >= {GOALS['one attribute']} (each part)",
              lambda seed, m=method: all(single(seed, name, m) >= GOALS["one attribute"] for name in PARTS)),
-            (f"{method}: ... for the subject and the activity (the parts the reconstructions keep)",
-             lambda seed, m=method: all(single(seed, name, m) >= GOALS["one attribute"]
-                                        for name in ("subject", "activity"))),
             (f"{method}: guided sampling matches more often than unguided draws (each part)",
              lambda seed, m=method: all(single(seed, name, m) > seed["attributes"][name]["unguided_match"]
                                         for name in PARTS)),
@@ -316,17 +335,16 @@ def claims(results: dict) -> list[tuple[str, object]]:
             (f"{method}: edits reach the target and keep the other parts >= {GOALS['editing']}",
              lambda seed, m=method: seed["editing"][m]["success"] >= GOALS["editing"]),
         ]
-    found.append(("gaussian matches one part more often than flow (each part)",
-                  lambda seed: all(single(seed, name, "gaussian") > single(seed, name, "flow") for name in PARTS)))
-    found.append(("gaussian edits succeed more often than flow edits",
-                  lambda seed: seed["editing"]["gaussian"]["success"] > seed["editing"]["flow"]["success"]))
-    found.append((f"{CONDITIONAL} matches the place (which the frozen model's z carries least) more often than "
-                  "gaussian and flow",
-                  lambda seed: single(seed, "place", CONDITIONAL) > max(single(seed, "place", method)
-                                                                          for method in ("gaussian", "flow"))))
-    found.append((f"gaussian matches the subject and the activity more often than {CONDITIONAL}",
-                  lambda seed: all(single(seed, name, "gaussian") > single(seed, name, CONDITIONAL)
-                                   for name in ("subject", "activity"))))
+    found.insert(0, ("the reconstructions keep every part >= 0.99, of the 216 sentences and of the 36 held out",
+                     lambda seed: all(min(seed["attributes"][name]["reconstruction_keeps"],
+                                          seed["attributes"][name]["reconstruction_keeps_held_out"]) >= 0.99
+                                      for name in PARTS)))
+    for other in ("flow", CONDITIONAL):
+        found.append((f"gaussian matches one part at least as often as {other} (each part)",
+                      lambda seed, o=other: all(single(seed, name, "gaussian") >= single(seed, name, o)
+                                                for name in PARTS)))
+        found.append((f"gaussian edits succeed more often than {other} edits",
+                      lambda seed, o=other: seed["editing"]["gaussian"]["success"] > seed["editing"][o]["success"]))
     return found
 
 
@@ -339,9 +357,11 @@ def tables(results: dict) -> str:
              f"{first['attributes'][name]['parameters']:,}",
              cell(lambda seed, n=name: seed["attributes"][n]["accuracy"]),
              cell(lambda seed, n=name: seed["attributes"][n]["reconstruction_keeps"]),
+             cell(lambda seed, n=name: seed["attributes"][n]["reconstruction_keeps_held_out"]),
              cell(lambda seed, n=name: seed["attributes"][n]["unguided_match"])] for name in PARTS]
     operators = markdown_table(["part", "labels x sentences", "classifier parameters", "classifier accuracy (216 "
-                                "sentences)", "reconstruction keeps the part", "unguided: part matches"], rows)
+                                "sentences)", "reconstruction keeps the part (216)", "... of the 36 held out",
+                                "unguided: part matches"], rows)
     rows = [[name, method,
              cell(lambda seed, n=name, m=method: seed["attributes"][n][m]["match"]),
              cell(lambda seed, n=name, m=method: seed["attributes"][n][m]["well_formed"]),
@@ -361,10 +381,12 @@ def tables(results: dict) -> str:
                   cell(lambda seed, e=editor: seed["editing"][e]["reached"]),
                   cell(lambda seed, e=editor: seed["editing"][e]["kept"])]
                  + [cell(lambda seed, e=editor, n=name: seed["editing"][e]["by_attribute"][n]) for name in PARTS]
+                 + [cell(lambda seed, e=editor: seed["editing"][e]["held_out_success"])]
                  for editor in EDITORS]
     editing = markdown_table([f"editing ({first['editing']['flow']['edits']} edits per seed)", "target reached, "
                               "other parts kept", "target reached", "other parts kept",
-                              *(f"success, edits of the {name}" for name in PARTS)], edit_rows)
+                              *(f"success, edits of the {name}" for name in PARTS),
+                              "success, held-out sentences"], edit_rows)
     conditional = markdown_table(
         [f"fine-tuning of method {CONDITIONAL}", "labelled sentences", "steps", "learning rate", "seconds",
          "final training loss"],

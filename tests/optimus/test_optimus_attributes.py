@@ -17,6 +17,7 @@ from hf_ext.models.optimus.attributes import (
     arithmetic_edited_latents,
     edited_latents,
     guided_latents,
+    label_gaussian,
     latent_base,
     latent_fingerprint,
     load_latent_attributes,
@@ -102,11 +103,13 @@ def test_gaussian_latents_satisfy_the_classifiers_more_often_than_prior_draws(sp
     # the label Gaussians are fitted to the posterior means, the classifiers to those means and posterior draws: the
     # classifiers judge the Gaussians' samples independently (a random model's classifiers are weak judges: 0.36 to
     # 0.69 acceptance against 0.02 to 0.38 for the draws); the Gaussians' own nearest label accepts 0.70 to 0.97
+    # only the requested operators are passed: the others would each add a random label to every draw (next test)
     generator = torch.Generator().manual_seed(0)
     mean, scale = latent_base(operators.values())
     for request in ({"subject": SUBJECTS[2]}, {"activity": ACTIVITIES[1]},
                     {"subject": SUBJECTS[0], "activity": ACTIVITIES[3]}):
-        guided = guided_latents(operators, request, 64, space.model.config.latent_size, generator, method="gaussian")
+        requested = {name: operators[name] for name in request}
+        guided = guided_latents(requested, request, 64, space.model.config.latent_size, generator, method="gaussian")
         prior = space.model.sample_prior(64, generator)
         fitted = mean + torch.randn((64, len(mean)), generator=generator) @ scale.T
         assert accepted(operators, guided, request) > max(accepted(operators, prior, request),
@@ -114,6 +117,20 @@ def test_gaussian_latents_satisfy_the_classifiers_more_often_than_prior_draws(sp
         nearest = {name: operators[name].nearest_label(guided) for name in request}
         assert sum(all(nearest[name][row] == operators[name].label_id(label) for name, label in request.items())
                    for row in range(len(guided))) / len(guided) >= 0.7
+
+
+def test_gaussian_sampling_draws_a_label_of_every_operator_not_requested(space, operators):
+    # p(z | subject) as the mixture over the activity's labels of p(z | subject, activity): at temperature 0 every
+    # draw is the mean of one component, and 64 draws hit all six (one Gaussian would give 64 equal latents)
+    subject, activity = operators["subject"], operators["activity"]
+    request = {"subject": SUBJECTS[2]}
+    guided = guided_latents(operators, request, 64, space.model.config.latent_size, torch.Generator().manual_seed(0),
+                            method="gaussian", temperature=0.0)
+    components = torch.stack([label_gaussian([(subject, subject.label_id(SUBJECTS[2])), (activity, label)])[0]
+                              for label in range(len(activity.labels))])
+    distances = (guided[:, None] - components[None]).norm(dim=-1)
+    assert distances.min(1).values.max() < 1e-4
+    assert len(set(distances.argmin(1).tolist())) == len(activity.labels)
 
 
 def test_gaussian_editing_changes_the_predicted_label_and_keeps_the_others(space, operators):

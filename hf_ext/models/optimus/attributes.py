@@ -25,17 +25,18 @@ classifier gives the sentence (LatentOps' editing keeps the other attributes so)
 latent.
 
 A second method, `gaussian`, stays on the data: each operator also stores a Gaussian per label fitted to the same
-labelled sentences (the label's mean of posterior means; one covariance shared by the labels, the pooled within-label
-covariance shrunk by `LABEL_SHRINKAGE` toward the operator's whole-data fit). Guided sampling draws from the requested
-label's Gaussian (at `GAUSSIAN_TEMPERATURE` of its spread: nearer the label's mean, more samples carry the
-label); several attributes combine as p(z | a, b) ∝ p(z | a) p(z | b) / p(z), the same composition as the
-flow's energy (attributes independent given z) written with Gaussians: precisions add, the base p(z)'s precision is
-taken out once per extra attribute, so that the variance the labels share is not counted twice (a plain product of
-the label Gaussians would shrink the samples' spread with every attribute). Editing is the Optimus paper's latent
-arithmetic: the latent moves by the difference of the target label's mean and the mean of the label the sentence has
-(the nearest label mean under the shared covariance); with `keep_others` the move loses its components along the
-other operators' label means (the directions their labels differ in), meant to keep their parts; measured on the
-demo models it keeps them less often than the plain move, so it is off by default.
+labelled sentences (the label's mean of posterior means; one covariance shared by the labels, the pooled
+within-label covariance shrunk by `LABEL_SHRINKAGE` toward the operator's whole-data fit). Guided sampling draws
+from the requested label's Gaussian (at `GAUSSIAN_TEMPERATURE` of its spread: nearer the label's mean, more samples
+carry the label), each draw with a random label of every other loaded operator (`label_mixture_latents`: the other
+parts' clusters rather than the point between them); several attributes combine as p(z | a, b) ∝ p(z | a) p(z | b) /
+p(z), the same composition as the flow's energy (attributes independent given z) written with Gaussians: precisions
+add, the base p(z)'s precision is taken out once per extra attribute, so that the variance the labels share is not
+counted twice (a plain product of the label Gaussians would shrink the samples' spread with every attribute).
+Editing is the Optimus paper's latent arithmetic: the latent moves by the difference of the target label's mean and
+the mean of the label the sentence has (the nearest label mean under the shared covariance); with `keep_others` the
+move loses its components along the other operators' label means (the directions their labels differ in), meant to
+keep their parts; measured on the demo models it keeps them less often than the plain move, so it is off by default.
 
 A third method, `conditional`, is the Optimus paper's own label-conditional generation as its released code does it
 (the fine-tuning is in `conditional`): not an operator on a frozen model's z but a fine-tuned model with a learned
@@ -543,12 +544,34 @@ def label_gaussian(resolved: Sequence[tuple[LatentAttribute, int]]) -> tuple[tor
     return mean.to(dtype), scale.to(dtype)
 
 
+def label_mixture_latents(resolved: Sequence[tuple[LatentAttribute, int]], others: Sequence[LatentAttribute],
+                          num_samples: int, latent_size: int, generator: torch.Generator | None,
+                          device: torch.device | str, temperature: float) -> torch.Tensor:
+    """The `gaussian` method's draws: each sample gets a label of every operator in `others` (the loaded ones not
+    requested) uniformly at random, then comes from the Gaussian of the requested labels and those
+    (`label_gaussian`), its spread scaled by `temperature`: p(z | a) as the mixture over the other attributes'
+    labels of p(z | a, b). Why: one Gaussian per requested label spans the clusters of the other parts' labels, and
+    its centre lies between them, where a decoder need not read any label (on a model whose reconstructions keep all
+    three demo parts, the place's label means decoded to the wrong place 5 times in 6)."""
+    drawn = torch.stack([torch.randint(len(attribute.labels), (num_samples,), generator=generator, device=device)
+                         for attribute in others], 1) if others else torch.zeros((num_samples, 0), dtype=torch.long,
+                                                                                 device=device)
+    noise = torch.randn((num_samples, latent_size), generator=generator, device=device)
+    latents = torch.empty_like(noise)
+    for combination in (drawn.unique(dim=0) if others else drawn[:1]):
+        rows = (drawn == combination).all(1)
+        mean, scale = label_gaussian([*resolved, *zip(others, combination.tolist(), strict=True)])
+        latents[rows] = mean + temperature * noise[rows] @ scale.T
+    return latents
+
+
 def guided_latents(operators: Mapping[str, LatentAttribute | ConditionalAttribute], request: Mapping[str, str],
                    num_samples: int, latent_size: int, generator: torch.Generator | None = None,
                    steps: int = FLOW_STEPS, strength: float = 1.0, device: torch.device | str = "cpu",
                    method: str = "flow", temperature: float | None = None) -> torch.Tensor:
     """`num_samples` latents of p(z | request): with method `flow`, draws from p(z) carried by the flow; with
-    `gaussian`, draws from the requested labels' Gaussian (`label_gaussian`), its spread scaled by `temperature`
+    `gaussian`, draws from the requested labels' Gaussian with a random label of every other loaded operator
+    (`label_mixture_latents`), its spread scaled by `temperature`
     (default `GAUSSIAN_TEMPERATURE`); with `conditional`, draws of z plus the labels' embeddings
     (`conditional_latents`, `temperature` its default `CONDITIONAL_TEMPERATURE`)."""
     of_method = operators_of_method(operators, request, method)
@@ -558,9 +581,8 @@ def guided_latents(operators: Mapping[str, LatentAttribute | ConditionalAttribut
     resolved = resolve_request(of_method, request)
     temperature = GAUSSIAN_TEMPERATURE if temperature is None else temperature
     if method == "gaussian":
-        mean, scale = label_gaussian(resolved)
-        noise = torch.randn((num_samples, latent_size), generator=generator, device=device)
-        return mean + temperature * noise @ scale.T
+        others = [attribute for name, attribute in of_method.items() if name not in request]
+        return label_mixture_latents(resolved, others, num_samples, latent_size, generator, device, temperature)
     mean, scale = latent_base(of_method.values())
     start = mean + torch.randn((num_samples, latent_size), generator=generator, device=device) @ scale.T
     terms = [(attribute, torch.full((num_samples,), label, device=device)) for attribute, label in resolved]
@@ -604,7 +626,8 @@ def edited_latents(operators: Mapping[str, LatentAttribute], latent_z: torch.Ten
 
 
 __all__ = ["ATTRIBUTES_FOLDER", "CONDITIONAL", "ConditionalAttribute", "LatentAttribute", "conditional_edited_latents",
-           "conditional_latents", "label_offset", "attribute_flow", "edited_latents", "guided_latents",
+           "conditional_latents", "label_offset", "label_mixture_latents", "attribute_flow", "edited_latents",
+           "guided_latents",
            "arithmetic_edited_latents", "check_method", "default_method", "fit_label_gaussians", "label_gaussian",
            "latent_fingerprint", "load_latent_attributes", "load_operator", "operators_of_method", "parse_request",
            "resolve_request", "train_latent_attribute", "DEFAULT_METHOD", "METHODS"]

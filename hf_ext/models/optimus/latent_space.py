@@ -107,7 +107,8 @@ class OptimusLatentSpace:
                       ) -> list[str]:
         """Decode latents drawn from p(z | attributes) (`attributes`: `{name: label}` of the operators, by
         default those stored in the model's folder); `method`: `gaussian` (the default for classifier operators;
-        draws from the labels' Gaussians, `temperature` the share of their spread), `flow` (LatentOps' ODE sampler,
+        draws from the labels' Gaussians, each with a random label of every other operator, `temperature` the
+        share of their spread), `flow` (LatentOps' ODE sampler,
         `steps` and `strength` its settings) or `conditional` (the default for the label embeddings of a model
         fine-tuned with them, `conditional`: a drawn z plus the labels' embeddings, `temperature` the share of the
         drawn z's spread)."""
