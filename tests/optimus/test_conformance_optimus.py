@@ -119,9 +119,8 @@ class OptimusClassifierOnEncoder(TestOptimusForSequenceClassification):
         self.encoder, self.pooling = encoder, pooling
 
     def config(self, **overrides):
-        # the classifier's dropout by default is the encoder's hidden_dropout_prob, which ModernBERT's config lacks
         return OptimusConfig(encoder=self.encoder, decoder=super().config().decoder, latent_size=8,
-                             encoder_pooling=self.pooling, classifier_dropout=0.1, **overrides)
+                             encoder_pooling=self.pooling, **overrides)
 
 
 @pytest.mark.parametrize("family", sorted(CLASSIFIER_ENCODERS))
@@ -135,6 +134,18 @@ def test_the_classifier_leaves_its_embedding_module_to_accelerates_fsdp2_plan(fa
     assert model._no_split_modules == kept
     assert set(model.encoder._no_split_modules) - kept == {type(model.encoder.embeddings).__name__}
     tester.test_accelerate_fsdp2_plan_at_world_size_8()
+
+
+@pytest.mark.parametrize("family, dropout_name", [("bert", "hidden_dropout_prob"), ("roberta", "hidden_dropout_prob"),
+                                                  ("modernbert", "classifier_dropout")])
+def test_the_classifier_dropout_defaults_to_the_encoders_own(family, dropout_name):
+    """Unset, the classifier's dropout is the one the encoder's family configures under its own name (ModernBERT
+    has no `hidden_dropout_prob`); given, it wins."""
+    encoder, pooling, _ = CLASSIFIER_ENCODERS[family]
+    encoder = type(encoder).from_dict({**encoder.to_dict(), dropout_name: 0.37})
+    tester = OptimusClassifierOnEncoder(encoder, pooling)
+    assert tester.model().dropout.p == pytest.approx(0.37)
+    assert tester.model(tester.config(classifier_dropout=0.2)).dropout.p == pytest.approx(0.2)
 
 
 def test_the_vae_keeps_its_encoders_embedding_module_whole():

@@ -62,8 +62,9 @@ class OptimusConfig(PretrainedConfig):
         classifier_feature (`str`, defaults to `"pooled"`): feature `OptimusForSequenceClassification` reads:
             `"pooled"` (the encoder's pooled output, what the original GLUE fine-tuning uses) or `"latent_mean"`.
         freeze_encoder (`bool`, defaults to `False`): train only the classifier (the original's `--use_freeze`).
-        classifier_dropout (`float`, *optional*): dropout before the classifier; the encoder's `hidden_dropout_prob`
-            when unset.
+        classifier_dropout (`float`, *optional*): dropout before the classifier; when unset, the encoder's own
+            classifier or hidden dropout (`classifier_dropout`, `hidden_dropout_prob`, `hidden_dropout`, `dropout`:
+            the first its config has), else none.
         tie_word_embeddings (`bool`, *optional*): tie the LM head to the decoder's input embeddings; the decoder's
             own setting when unset (GPT-2 ties them, as the original).
     """

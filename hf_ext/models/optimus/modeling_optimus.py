@@ -508,6 +508,16 @@ class OptimusModel(OptimusPreTrainedModel, GenerationMixin):
                                         if name != "past_key_values"})
 
 
+def classifier_dropout(config: OptimusConfig) -> float:
+    """The dropout before `OptimusForSequenceClassification`'s classifier: `config.classifier_dropout`, else the
+    encoder's own classifier dropout or hidden dropout under the name its family uses (BERT's `hidden_dropout_prob`,
+    ModernBERT's `classifier_dropout`, ...), else none."""
+    candidates = (config.classifier_dropout, *(getattr(config.encoder, name, None) for name in
+                                               ("classifier_dropout", "hidden_dropout_prob", "hidden_dropout",
+                                                "dropout")))
+    return next((float(value) for value in candidates if value is not None), 0.0)
+
+
 class OptimusForSequenceClassification(OptimusPreTrainedModel):
     """Classifier on the Optimus encoder's features, as the original's GLUE fine-tuning (`run_glue_vae.py`).
 
@@ -522,8 +532,7 @@ class OptimusForSequenceClassification(OptimusPreTrainedModel):
         self.num_labels = config.num_labels
         self._build_encoder()
         self.to_latent = nn.Linear(config.encoder.hidden_size, 2 * config.latent_size, bias=False)
-        dropout = config.classifier_dropout
-        self.dropout = nn.Dropout(config.encoder.hidden_dropout_prob if dropout is None else dropout)
+        self.dropout = nn.Dropout(classifier_dropout(config))
         feature_size = config.encoder.hidden_size if config.classifier_feature == "pooled" else config.latent_size
         assert config.num_labels is not None  # PretrainedConfig sets it (2 unless given)
         self.classifier = nn.Linear(feature_size, config.num_labels)
