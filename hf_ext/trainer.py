@@ -4,6 +4,8 @@ bar) on stderr for command-line runs, resuming from the newest complete checkpoi
 command, and PEFT calls without its expected warnings."""
 
 import contextlib
+import copy
+import dataclasses
 import json
 import re
 import shutil
@@ -239,6 +241,21 @@ def training_arguments(output_dir: str | Path, **settings: Any) -> TrainingArgum
     takes `TrainingArguments` (`args=`) or builds them here from its keyword arguments."""
     defaults = {"report_to": [], "dataloader_pin_memory": torch.cuda.is_available(), "save_strategy": "no"}
     return TrainingArguments(output_dir=str(output_dir), **{**defaults, **settings})
+
+
+def replace_arguments(args: TrainingArguments, **changes: Any) -> TrainingArguments:
+    """A copy of `args` with the fields in `changes` (ones read when training starts: `output_dir`, `max_steps`,
+    `ddp_find_unused_parameters`), on the devices and distributed state `args` set up. `dataclasses.replace` would set
+    them up again, and transformers takes `accelerator_config.use_configured_state` out of the config the first time:
+    the copy would drop an accelerate state configured before the Trainer (FSDP2, say) and train with plain DDP."""
+    names = {field.name for field in dataclasses.fields(args)}
+    unknown = sorted(set(changes) - names)
+    if unknown:
+        raise TypeError(f"TrainingArguments has no field {', '.join(unknown)}")
+    copied = copy.copy(args)  # keeps the set-up devices (`_setup_devices` is cached in the instance)
+    for name, value in changes.items():
+        setattr(copied, name, value)
+    return copied
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 from conftest import PROCESS_TIMEOUT, REPO_ROOT, cli_run
+from fsdp2_training import TOLERANCE, fsdp2_and_ddp_runs
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from streaming_corpus import CORPUS
@@ -612,6 +613,30 @@ def test_a_save_interrupted_midway_resumes_from_the_previous_checkpoint(uninterr
     model, _ = run_schedule(tmp_path, tokenizer, task_data, save_steps=5)
     state = model.state_dict()
     assert all(torch.equal(t, state[k]) for k, t in expected.state_dict().items())
+
+
+@pytest.mark.slow
+def test_fsdp2_training_through_accelerate_matches_ddp(tmp_path):
+    """`continual_pretraining` (the run of `hf-ext ernie2 pretrain`) over two stages under 2 processes over gloo,
+    sharded by accelerate's FSDP2 plan with the settings of docs/launch/accelerate_fsdp2_gpu.yaml: a unit per encoder
+    layer, the word embeddings with the tied MLM decoder, the rest in the model's; every parameter sharded, the second
+    stage going on with the model the first sharded; the run trains exactly as DDP does on the same batches (losses and
+    weights within float rounding), and each stage's saved model, gathered from the shards, equals DDP's."""
+    runs, _ = fsdp2_and_ddp_runs("ernie2/ernie2_fsdp2_train.py", out=tmp_path)
+    fsdp2 = runs["fsdp2"]
+    assert fsdp2["units"] == ["", "cls.predictions.decoder", "ernie.embeddings.word_embeddings",
+                              "ernie.encoder.layer.0", "ernie.encoder.layer.1"]
+    assert fsdp2["stages"] == [1, 1, 1, 1, 2, 2, 2, 2]
+    for stage in (1, 2):
+        saved = {mode: load_file(tmp_path / mode / "run" / f"stage-{stage}" / "model" / "model.safetensors")
+                 for mode in ("fsdp2", "ddp")}
+        assert saved["fsdp2"].keys() == saved["ddp"].keys()
+        for name, weight in saved["fsdp2"].items():
+            torch.testing.assert_close(weight, saved["ddp"][name], atol=TOLERANCE, rtol=TOLERANCE, msg=name)
+    first, second = (Ernie2ForPreTraining.from_pretrained(tmp_path / "fsdp2" / "run" / f"stage-{stage}" / "model")
+                     for stage in (1, 2))
+    assert not torch.equal(first.ernie.encoder.layer[0].output.dense.weight,
+                           second.ernie.encoder.layer[0].output.dense.weight)
 
 
 # ----- GLUE fine-tuning --------------------------------------------------------------------------------------------

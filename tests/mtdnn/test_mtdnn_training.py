@@ -15,6 +15,7 @@ import scipy.stats
 import sklearn.metrics
 import torch
 from conftest import REPO_ROOT, run_torchrun
+from fsdp2_training import fsdp2_and_ddp_runs
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from torch.nn import functional as F
@@ -664,3 +665,19 @@ def test_two_process_multi_task_training_with_torchrun(tmp_path):
         assert all(math.isfinite(e["loss"]) for e in result["log_history"] if "loss" in e)
     assert ranks[0]["weights_checksum"] == ranks[1]["weights_checksum"]
     assert ranks[0]["log_history"][:-1] == ranks[1]["log_history"][:-1]  # the final entry holds each rank's timing
+
+
+@pytest.mark.slow
+def test_fsdp2_training_through_accelerate_matches_ddp(tmp_path):
+    """`train_mtdnn` (the run of `hf-ext mtdnn train`) under 2 processes over gloo, sharded by accelerate's FSDP2 plan
+    with the settings of docs/launch/accelerate_fsdp2_gpu.yaml: a unit per encoder layer, the word embeddings in one
+    of their own, the rest (embedding positions and segments, the task heads) in the model's; every parameter sharded,
+    each step one task's batch, with the heads of the other tasks unused; the run trains exactly as DDP does on the
+    same batches (losses and weights within float rounding)."""
+    runs, _ = fsdp2_and_ddp_runs("mtdnn/mtdnn_fsdp2_train.py", FIXTURE / "task_def.yml", FIXTURE / "data",
+                                 out=tmp_path)
+    fsdp2 = runs["fsdp2"]
+    assert fsdp2["units"] == ["", "bert.embeddings.word_embeddings", "bert.encoder.layer.0"]
+    assert len(fsdp2["losses"]) == 8 and set(fsdp2["tasks"]) == set(TASKS)
+    mnli = [loss for loss, task in zip(fsdp2["losses"], fsdp2["tasks"], strict=True) if task == "mnli"]
+    assert len(mnli) > 1 and mnli[-1] < mnli[0]

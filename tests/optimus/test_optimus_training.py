@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO_ROOT, cli_exit_code, run_torchrun
+from fsdp2_training import fsdp2_and_ddp_runs
 from huggingface_hub import ModelCard
 from interrupted_runs import StopAtStep
 from safetensors.torch import load_file
@@ -519,6 +520,25 @@ def test_two_process_cpu_training_with_torchrun(model_dir, tmp_path):
         assert logged(result["log_history"], "beta") == pytest.approx([1 / 3, 0.5, 5 / 6])
     assert ranks[0]["weights_checksum"] == ranks[1]["weights_checksum"]
     assert ranks[0]["log_history"][:-1] == ranks[1]["log_history"][:-1]  # the final entry holds each rank's timing
+
+
+@pytest.mark.slow
+def test_fsdp2_training_through_accelerate_matches_ddp(model_dir, tmp_path):
+    """`finetune_optimus` (the run of `hf-ext optimus train`) under 2 processes over gloo, sharded by accelerate's
+    FSDP2 plan with the settings of docs/launch/accelerate_fsdp2_gpu.yaml: a unit per encoder and decoder layer, the
+    encoder's embedding module, the decoder's word embeddings with the tied softmax; every parameter sharded, the tie
+    kept, the KL weight ramped as scheduled; the run trains exactly as DDP does on the same batches (losses, with
+    dropout and the sampled latent, and weights within float rounding)."""
+    runs, weights = fsdp2_and_ddp_runs("optimus/optimus_fsdp2_train.py", model_dir, SNLI / "train.txt", out=tmp_path)
+    fsdp2 = runs["fsdp2"]
+    assert fsdp2["units"] == ["", "decoder.h.0", "decoder.h.1", "decoder.wte", "encoder.embeddings",
+                              "encoder.encoder.layer.0", "encoder.encoder.layer.1", "lm_head"]
+    assert fsdp2["tied"] and runs["ddp"]["tied"]
+    # one cycle over the 6 steps: half of it ramping from 0 to 1, then 1
+    assert fsdp2["beta"] == pytest.approx([0, 1 / 3, 2 / 3, 1, 1, 1]) and len(fsdp2["losses"]) == 6
+    start = load_file(model_dir / "model.safetensors")
+    assert all(not torch.equal(weights["fsdp2"][name], start[name]) for name in ("decoder.h.0.mlp.c_fc.weight",
+                                                                               "encoder.encoder.layer.1.output.dense.weight"))
 
 
 def test_streamed_text_shards_train_and_resume_mid_stream_as_an_uninterrupted_run(processor, tmp_path,

@@ -14,7 +14,6 @@ folder skips finished stages, resumes the current one from its last checkpoint (
 states, step, and the sampler's position) and goes on.
 """
 
-import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -41,7 +40,7 @@ from ...glue import GLUE_LAYOUTS, glue_task, glue_task_spec, read_glue_tsv
 from ...metrics import load_metric
 from ...output import atomic_output_dir
 from ...streaming import StreamReadError, split_for_process, train_keeping_progress
-from ...trainer import TermLoggingTrainer, last_complete_checkpoint, send_logs_to_stderr
+from ...trainer import TermLoggingTrainer, last_complete_checkpoint, replace_arguments, send_logs_to_stderr
 from . import PRETRAINING_TASKS, Ernie2ForPreTraining, Ernie2PreTrainingConfig
 from .configuration_ernie2 import validate_ernie_encoder
 from .data import Ernie2PreTrainingCollator, stage_mixture
@@ -148,8 +147,8 @@ class Ernie2PreTrainer(TermLoggingTrainer):
             self.task_rows = {task: range(offsets[i], offsets[i + 1]) for i, task in enumerate(tasks)}
             train_dataset = concatenate_datasets([train_dataset[t] for t in tasks])
         if args is not None:
-            args = dataclasses.replace(args, max_steps=stage.total_steps, ddp_find_unused_parameters=True
-                                       if args.ddp_find_unused_parameters is None else args.ddp_find_unused_parameters)
+            args = replace_arguments(args, max_steps=stage.total_steps, ddp_find_unused_parameters=True
+                                     if args.ddp_find_unused_parameters is None else args.ddp_find_unused_parameters)
         if data_collator is None:
             data_collator = Ernie2PreTrainingCollator(model.config.task_ids, model.config.pad_token_id or 0)
         super().__init__(model=model, args=args, train_dataset=train_dataset, data_collator=data_collator,
@@ -233,7 +232,7 @@ def continual_pretraining(model: Ernie2ForPreTraining, schedule: ContinualSchedu
         steps = ", ".join(f"{task} {count}" for task, count in stage.steps.items())
         logger.info(f"stage {index + 1}/{len(schedule.stages)}{f' ({stage.name})' if stage.name else ''}: {steps} steps"
             + (f", resuming from {checkpoint}" if checkpoint else ""))
-        stage_args = dataclasses.replace(args, output_dir=str(stage_dir))
+        stage_args = replace_arguments(args, output_dir=str(stage_dir))
         train_dataset: Any = datasets
         if streamed:
             seed = args.data_seed if args.data_seed is not None else args.seed
@@ -251,9 +250,13 @@ def continual_pretraining(model: Ernie2ForPreTraining, schedule: ContinualSchedu
             send_logs_to_stderr(trainer)
         train_keeping_progress(trainer, resume_from_checkpoint=checkpoint)
         model = cast(Ernie2ForPreTraining, trainer.model)  # the model it was given (Trainer trains it in place)
+        # every process takes part: under FSDP the weights are gathered from their shards (a collective)
+        weights = trainer.accelerator.get_state_dict(trainer.model_wrapped)
+        for tied in model.all_tied_weights_keys:  # gathered as copies, which saving cannot tell to be tied
+            weights.pop(tied, None)
         if trainer.is_world_process_zero():
             with atomic_output_dir(final, overwrite=True) as staging:
-                model.save_pretrained(staging)
+                model.save_pretrained(staging, state_dict=weights)
                 if processing_class is not None:
                     processing_class.save_pretrained(staging)
                 (staging / LOG_HISTORY).write_text(json.dumps(trainer.state.log_history, indent=1))
