@@ -35,6 +35,7 @@ from transformers import (
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalLoopOutput, TrainOutput
 from transformers.utils import logging
 
+from .errors import HfExtError
 from .output import atomic_output_dir
 
 if TYPE_CHECKING:
@@ -260,19 +261,58 @@ def replace_arguments(args: TrainingArguments, **changes: Any) -> TrainingArgume
 
 @contextlib.contextmanager
 def training_output(out: str | Path, overwrite: bool = False) -> Iterator[tuple[Path, Path]]:
-    """`(staging, scratch)` for a training command: the output folder, written atomically (it appears only when the
-    block completes, see `hf_ext.output`), and a scratch folder for the Trainer's working files, removed after."""
+    """`(staging, scratch)` for a single-process training command: the output folder, written atomically (it appears
+    only when the block completes, see `hf_ext.output`), and a scratch folder for the Trainer's working files, removed
+    after. A command that may run under several processes writes with `training_run_output` instead."""
     with atomic_output_dir(out, overwrite) as staging, tempfile.TemporaryDirectory() as scratch:
         yield staging, Path(scratch)
 
 
+def trained_weights(trainer: Trainer, model: torch.nn.Module | None) -> dict[str, torch.Tensor] | None:
+    """The weights of `model` to save after `trainer` trained it, gathered whole: `trainer.model` (a PEFT model
+    included) through accelerate's `get_state_dict`, which under FSDP gathers the shards, a collective every process
+    must join; None for another model made from it on each process (LoRA merged into the weights), which saves its
+    own replicated weights, and which FSDP's shards cannot give."""
+    if model is not trainer.model:
+        if trainer.is_fsdp_enabled:
+            raise HfExtError(f"cannot save a {type(model).__name__} made from the model FSDP trained (LoRA merged "
+                             "into sharded weights, say): train it without FSDP, or save the trained model itself")
+        return None
+    weights = trainer.accelerator.get_state_dict(trainer.model_wrapped)
+    if isinstance(model, PreTrainedModel):
+        for tied in model.all_tied_weights_keys:  # gathered as copies, which saving cannot tell to be tied
+            weights.pop(tied, None)
+    return weights
+
+
+@contextlib.contextmanager
+def training_run_output(out: str | Path, trainer: Trainer,
+                        processor: ProcessorMixin | PreTrainedTokenizerBase | None = None,
+                        metrics: dict | None = None, model: "PreTrainedModel | PeftModel | None" = None,
+                        overwrite: bool = False) -> Iterator[Path | None]:
+    """The output folder of a training command, under one process or several (`torchrun`, `accelerate launch`):
+    every process gathers the trained weights (`trained_weights`), then the main one (`should_save`) writes them with
+    `save_training_run` into a staging folder, which it yields for the rest of the output (card, plots) and which
+    becomes `out` atomically when the block completes. Other processes get None: they write nothing, and a command
+    returns there, as `trainer.evaluate()` and any other collective must have run before."""
+    weights = trained_weights(trainer, model or trainer.model)
+    if not trainer.args.should_save:
+        yield None
+        return
+    with atomic_output_dir(out, overwrite) as staging:
+        save_training_run(staging, trainer, processor, metrics, model, state_dict=weights)
+        yield staging
+
+
 def save_training_run(folder: str | Path, trainer: Trainer,
                       processor: ProcessorMixin | PreTrainedTokenizerBase | None = None, metrics: dict | None = None,
-                      model: "PreTrainedModel | PeftModel | None" = None) -> None:
+                      model: "PreTrainedModel | PeftModel | None" = None,
+                      state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """What a training command leaves in its output folder: the trained model (`trainer.model`, or `model`; a PEFT
-    model saves its adapter and the modules it trains in full), its processor or tokenizer, `log_history.json` and,
-    with `metrics`, `eval_results.json`. A model saved with its code (registered for remote code, as hf-ext's
-    models are) also carries the custom pipelines hf-ext declares for its model type and class (`custom_pipelines`)."""
+    model saves its adapter and the modules it trains in full), with `state_dict` as its weights where given (gathered
+    by `trained_weights`), its processor or tokenizer, `log_history.json` and, with `metrics`, `eval_results.json`. A
+    model saved with its code (registered for remote code, as hf-ext's models are) also carries the custom pipelines
+    hf-ext declares for its model type and class (`custom_pipelines`)."""
     from peft import PeftModel
 
     from .models import model_entry
@@ -286,7 +326,7 @@ def save_training_run(folder: str | Path, trainer: Trainer,
     if entry is not None and getattr(trained, "_auto_class", None) is not None:
         folder.mkdir(parents=True, exist_ok=True)
         add_custom_pipelines(folder, trained.config, entry.pipelines, type(trained))
-    trained.save_pretrained(str(folder))
+    trained.save_pretrained(str(folder), state_dict=state_dict)
     if processor is not None:
         processor.save_pretrained(folder)
     (folder / LOG_HISTORY).write_text(json.dumps(trainer.state.log_history, indent=1))

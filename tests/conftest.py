@@ -160,6 +160,32 @@ def run_torchrun(script, *args, timeout=PROCESS_TIMEOUT):
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)], run
 
 
+def torchrun_cli(argv, timeout):
+    """`hf-ext --quiet ARGV` under `torchrun --nproc_per_node 2` (gloo on the CPU): (exit code, stdout, stderr). A
+    run still going after `timeout` seconds (a process waiting in a collective for one that is gone) is stopped and
+    fails the test: SIGTERM to torchrun, which stops its workers (they run in sessions of their own, out of reach of
+    a signal to its group), killing them after its 30 s of grace."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(port), "-m", "hf_ext.cli", "--quiet", *map(str, argv)]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.terminate()
+        _, err = process.communicate(timeout=120)
+        pytest.fail(f"torchrun still ran after {timeout} s: a process waits for one that is gone\n{err[-3000:]}")
+    return process.returncode, out, err
+
+
 def cli_exit_code(argv: list) -> int:
     """`hf-ext ARGV` run in-process: the exit code, also of an argparse usage error (which raises SystemExit)."""
     from hf_ext.cli import main

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROCESS_TIMEOUT, REPO_ROOT, cli_run, run_torchrun
+from conftest import PROCESS_TIMEOUT, REPO_ROOT, cli_run, run_torchrun, torchrun_cli
 from interrupted_runs import StopAtStep
 from streaming_corpus import RecordingCollator, tiny_config, tokenizer, write_corpus
 from transformers import TrainingArguments
@@ -164,27 +164,6 @@ def test_two_nodes_meet_at_a_c10d_rendezvous_and_read_disjoint_shards(tmp_path):
     assert words[0] and words[1] and not words[0] & words[1]
     assert [e["loss"] for e in ranks[0]["log_history"] if "loss" in e] == \
         [e["loss"] for e in ranks[1]["log_history"] if "loss" in e]
-
-
-def torchrun_cli(argv, timeout):
-    """`hf-ext --quiet ARGV` under `torchrun --nproc_per_node 2` (gloo on the CPU): (exit code, stdout, stderr). A
-    run still going after `timeout` seconds (a process waiting in a collective for one that is gone) is stopped and
-    fails the test: SIGTERM to torchrun, which stops its workers (they run in sessions of their own, out of reach of
-    a signal to its group), killing them after its 30 s of grace."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(port), "-m", "hf_ext.cli", "--quiet", *map(str, argv)]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.terminate()
-        _, err = process.communicate(timeout=120)
-        pytest.fail(f"torchrun still ran after {timeout} s: a process waits for one that is gone\n{err[-3000:]}")
-    return process.returncode, out, err
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 import scipy.stats
 import sklearn.metrics
 import torch
-from conftest import REPO_ROOT, run_torchrun
+from conftest import PROCESS_TIMEOUT, REPO_ROOT, run_torchrun, torchrun_cli
 from fsdp2_training import fsdp2_and_ddp_runs
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
@@ -681,3 +681,28 @@ def test_fsdp2_training_through_accelerate_matches_ddp(tmp_path):
     assert len(fsdp2["losses"]) == 8 and set(fsdp2["tasks"]) == set(TASKS)
     mnli = [loss for loss, task in zip(fsdp2["losses"], fsdp2["tasks"], strict=True) if task == "mnli"]
     assert len(mnli) > 1 and mnli[-1] < mnli[0]
+
+
+@pytest.mark.slow
+def test_cli_under_torchrun_writes_its_output_once_from_the_main_process(saved_mtdnn, tmp_path):
+    """`hf-ext mtdnn train` under `torchrun --nproc-per-node 2`: both processes end with exit code 0, the evaluation
+    (a collective) runs on both, and only the main process writes the output folder, once, with one summary line;
+    the saved weights are the ones evaluated (their loss, computed again here, is the one recorded)."""
+    out = tmp_path / "out"
+    code, stdout, err = torchrun_cli(["mtdnn", "train", saved_mtdnn, "--train", f"mnli={FIXTURE}/data/mnli_dev.json",
+                                      "--eval", f"mnli={FIXTURE}/data/mnli_dev.json", "--output-dir", out,
+                                      "--max-steps", "3", "--batch-size", "2", "--eval-batch-size", "1",
+                                      "--learning-rate", "1e-2", "--device", "cpu"], timeout=PROCESS_TIMEOUT)
+    assert code == 0, err[-3000:]
+    [summary] = [json.loads(line) for line in stdout.splitlines()]
+    assert summary["steps"] == 3 and summary["output_dir"] == str(out)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]  # no other process's staging folder
+    model = AutoModel.from_pretrained(out)
+    recorded = json.loads((out / "eval_results.json").read_text())["eval_mnli_loss"]
+    assert recorded == summary["eval"]["eval_mnli_loss"]
+    data = load_mtdnn_json(FIXTURE / "data" / "mnli_dev.json", model.config, "mnli")
+    # one row per batch, as the run evaluated: the mean loss does not depend on how the rows were split
+    assert MTDNNTrainer(model=model, args=training_args(tmp_path / "eval", per_device_eval_batch_size=1)).evaluate(
+        {"mnli": data})["eval_mnli_loss"] == pytest.approx(recorded, rel=1e-5)
+    untrained = AutoModel.from_pretrained(saved_mtdnn).state_dict()
+    assert any(not torch.equal(weight, untrained[name]) for name, weight in model.state_dict().items())

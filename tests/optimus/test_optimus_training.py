@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO_ROOT, cli_exit_code, run_torchrun
+from conftest import PROCESS_TIMEOUT, REPO_ROOT, cli_exit_code, run_torchrun, torchrun_cli
 from fsdp2_training import fsdp2_and_ddp_runs
 from huggingface_hub import ModelCard
 from interrupted_runs import StopAtStep
@@ -574,3 +574,24 @@ def test_streamed_text_shards_train_and_resume_mid_stream_as_an_uninterrupted_ru
     assert resumed_seen == expected_seen[2:][:len(resumed_seen)] and len(resumed_seen) >= 4
     state = resumed.state_dict()
     assert all(torch.equal(tensor, state[name]) for name, tensor in expected.state_dict().items())
+
+
+@pytest.mark.slow
+def test_cli_train_under_torchrun_writes_its_output_once_from_the_main_process(model_dir, tmp_path, capsys):
+    """`hf-ext optimus train` with LoRA under `torchrun --nproc-per-node 2`: both processes end with exit code 0, both
+    evaluate the merged model alike, and only the main process writes the output folder, once, with one summary
+    line; the saved model is the one evaluated (`evaluate` on it gives the recorded metrics)."""
+    out = tmp_path / "trained"
+    evaluation = ["--eval-file", SNLI / "test.txt", "--num-samples", "4", "--samples-per-pass", "2",
+                  "--max-length", MAX_LENGTH, "--batch-size", "4"]
+    code, stdout, err = torchrun_cli(["optimus", "train", model_dir, "--train-file", SNLI / "train.txt",
+                                      "--output-dir", out, "--max-steps", "3", "--learning-rate", "1e-2",
+                                      "--lora-r", "2", "--device", "cpu", *evaluation], timeout=PROCESS_TIMEOUT)
+    assert code == 0, err[-3000:]
+    [summary] = [json.loads(line) for line in stdout.splitlines()]
+    assert summary["steps"] == 3 and summary["output_dir"] == str(out)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["trained"]  # no staging folder, no checkpoints
+    assert main(["optimus", "evaluate", str(out), *map(str, evaluation)]) == 0
+    assert summary["eval"] == pytest.approx(json.loads(capsys.readouterr().out), rel=1e-5)
+    trained, initial = AutoModel.from_pretrained(out, trust_remote_code=True), AutoModel.from_pretrained(model_dir)
+    assert not torch.equal(trained.to_latent.weight, initial.to_latent.weight)

@@ -323,13 +323,14 @@ def _evaluations(config, eval_files, metrics):
 
 def _run(args, distill=False):
     import shutil
+    import tempfile
     from pathlib import Path
 
     from ...hub import write_training_card
     from ...lora import add_lora
     from ...output import check_output_dir
     from ...streaming import StreamReadError
-    from ...trainer import print_summary, save_training_run, training_arguments, training_output
+    from ...trainer import print_summary, training_arguments, training_run_output
     from .data import load_task_files, read_task_stream, stream_corpus_error, stream_layout
     from .training import task_metric_names, train_mtdnn
 
@@ -382,7 +383,7 @@ def _run(args, distill=False):
     saving = {"save_strategy": "steps", "save_steps": args.save_steps or DEFAULT_SAVE_STEPS, "save_total_limit": 2} \
         if args.streaming else {"save_strategy": strategy if args.metric_for_best_model else "no",
                                 "save_total_limit": 1}
-    with training_output(args.output_dir, args.overwrite) as (staging, scratch):
+    with tempfile.TemporaryDirectory() as scratch:
         training_args = training_arguments(
             checkpoints if args.streaming else scratch, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
             per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.eval_batch_size,
@@ -399,10 +400,14 @@ def _run(args, distill=False):
         except StreamReadError as error:  # name the shard and line that failed
             raise StreamReadError(stream_corpus_error(train_files, config, error.error), error.kept) from None
         del teachers
-        metrics = trainer.evaluate() if evaluation else {}
-        save_training_run(staging, trainer, tokenizer, metrics, model=model)  # LoRA: the adapter and the heads
-        write_training_card(staging, args.output_dir, args, f"hf-ext mtdnn {'distill' if distill else 'train'}",
-                            args.model, trainer.state.log_history, _evaluations(config, eval_files, metrics))
+        metrics = trainer.evaluate() if evaluation else {}  # every process: a collective
+        # LoRA: the adapter and the heads
+        with training_run_output(args.output_dir, trainer, tokenizer, metrics, model=model,
+                                 overwrite=args.overwrite) as staging:
+            if staging is None:  # another process of a distributed run: the main one writes the output
+                return
+            write_training_card(staging, args.output_dir, args, f"hf-ext mtdnn {'distill' if distill else 'train'}",
+                                args.model, trainer.state.log_history, _evaluations(config, eval_files, metrics))
     if args.streaming:
         shutil.rmtree(checkpoints, ignore_errors=True)
     print_summary(args.output_dir, trainer, best_metric=trainer.state.best_metric,

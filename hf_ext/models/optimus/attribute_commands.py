@@ -3,6 +3,7 @@
 
 import argparse
 import json
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -142,7 +143,7 @@ def _train_conditional(args):
     model folder OUT with its operators."""
     from ...cli_utils import training_device_settings
     from ...output import check_output_dir
-    from ...trainer import save_training_run, training_output
+    from ...trainer import training_run_output
     from .conditional import labelled_rows, train_label_conditional
 
     require(not (Path(args.model).exists() and Path(args.model).resolve() == args.out.resolve()),
@@ -158,13 +159,15 @@ def _train_conditional(args):
         raise HfExtError(str(error)) from None
     settings = training_device_settings(args)
     model, processor = load_optimus(args.model, args.trust_remote_code)  # float32 weights: Trainer places them
-    with training_output(args.out, args.overwrite) as (staging, scratch):
+    with tempfile.TemporaryDirectory() as scratch:
         operators, trainer = train_label_conditional(model, processor, labelled, scratch,
                                                      steps=args.steps or CONDITIONAL_STEPS, seed=args.seed,
                                                      disable_tqdm=True, **settings)
-        save_training_run(staging, trainer, processor, model=model)
-        for attribute in operators.values():
-            attribute.save(staging / ATTRIBUTES_FOLDER / attribute.name)
+        with training_run_output(args.out, trainer, processor, model=model, overwrite=args.overwrite) as staging:
+            if staging is None:  # another process of a distributed run: the main one writes the output
+                return
+            for attribute in operators.values():
+                attribute.save(staging / ATTRIBUTES_FOLDER / attribute.name)
     losses = [entry["train_loss"] for entry in trainer.state.log_history if "train_loss" in entry]
     print(json.dumps({"model": str(args.out), "operators": sorted(operators),
                       "labels": {name: dict(sorted(Counter(labels).items())) for name, (_, labels) in labelled.items()},

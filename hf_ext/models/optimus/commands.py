@@ -290,9 +290,9 @@ def _train(args):
     from peft import PeftModel
 
     from ...hub import Evaluation, write_training_card
-    from ...output import atomic_output_dir, check_output_dir
+    from ...output import check_output_dir
     from ...plots import require_matplotlib
-    from ...trainer import print_summary, save_training_run
+    from ...trainer import print_summary, training_run_output
     from .plots import plot_training_curves
     from .training import (
         DEFAULT_RATIO_INCREASE,
@@ -330,18 +330,24 @@ def _train(args):
                 f"{trainable.what}")
 
     checkpoints = Path(f"{args.output_dir}{CHECKPOINTS_SUFFIX}")
-    with atomic_output_dir(args.output_dir, args.overwrite) as staging:
-        trainer = finetune_optimus(
-            trained, processor, dataset, checkpoints, max_steps=args.max_steps, batch_size=args.batch_size,
-            learning_rate=args.learning_rate, n_cycles=args.n_cycles, ratio_zero=ratio_zero,
-            ratio_increase=ratio_increase, logging_steps=args.logging_steps, seed=args.seed,
-            max_length=max_length, log_to_stderr=True, save_steps=args.save_steps,
-            **run_reporting_settings(args), **device_settings,
-        )
-        # LoRA merged: the folder holds a plain Optimus model, as without LoRA
-        saved = trained.merge_and_unload() if isinstance(trained, PeftModel) else trained
-        save_training_run(staging, trainer, processor, model=saved)
-        measured = _evaluation(args, saved.eval(), processor, eval_texts) if eval_texts else {}
+    trainer = finetune_optimus(
+        trained, processor, dataset, checkpoints, max_steps=args.max_steps, batch_size=args.batch_size,
+        learning_rate=args.learning_rate, n_cycles=args.n_cycles, ratio_zero=ratio_zero,
+        ratio_increase=ratio_increase, logging_steps=args.logging_steps, seed=args.seed,
+        max_length=max_length, log_to_stderr=True, save_steps=args.save_steps,
+        **run_reporting_settings(args), **device_settings,
+    )
+    if isinstance(trained, PeftModel):
+        require(not trainer.is_fsdp_enabled, "--lora-r under FSDP: the adapters cannot be merged into sharded "
+                "weights; train LoRA without FSDP (DDP), or train the weights in full under FSDP")
+        saved = trained.merge_and_unload()  # the folder holds a plain Optimus model, as without LoRA
+    else:
+        saved = trained
+    # every process evaluates alike: under FSDP each forward pass gathers the shards, a collective
+    measured = _evaluation(args, saved.eval(), processor, eval_texts) if eval_texts else {}
+    with training_run_output(args.output_dir, trainer, processor, model=saved, overwrite=args.overwrite) as staging:
+        if staging is None:  # another process of a distributed run: the main one writes the output
+            return
         write_training_card(staging, args.output_dir, args, "hf-ext optimus train", args.model,
                             trainer.state.log_history,
                             [Evaluation("text-generation", Path(args.eval_file).name, measured)] if measured else [],
