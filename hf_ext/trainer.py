@@ -10,7 +10,6 @@ import json
 import re
 import shutil
 import sys
-import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -257,15 +256,6 @@ def replace_arguments(args: TrainingArguments, **changes: Any) -> TrainingArgume
     for name, value in changes.items():
         setattr(copied, name, value)
     return copied
-
-
-@contextlib.contextmanager
-def training_output(out: str | Path, overwrite: bool = False) -> Iterator[tuple[Path, Path]]:
-    """`(staging, scratch)` for a single-process training command: the output folder, written atomically (it appears
-    only when the block completes, see `hf_ext.output`), and a scratch folder for the Trainer's working files, removed
-    after. A command that may run under several processes writes with `training_run_output` instead."""
-    with atomic_output_dir(out, overwrite) as staging, tempfile.TemporaryDirectory() as scratch:
-        yield staging, Path(scratch)
 
 
 def trained_weights(trainer: Trainer, model: torch.nn.Module | None) -> dict[str, torch.Tensor] | None:

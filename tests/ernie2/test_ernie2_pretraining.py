@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import PROCESS_TIMEOUT, REPO_ROOT, cli_run
+from conftest import PROCESS_TIMEOUT, REPO_ROOT, cli_run, torchrun_cli
 from fsdp2_training import TOLERANCE, fsdp2_and_ddp_runs
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
@@ -677,6 +677,26 @@ def ernie_folder(tmp_path_factory, tokenizer):
     Ernie2ForPreTraining(tiny_config(tokenizer)).save_ernie_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.mark.slow
+def test_finetune_under_torchrun_writes_its_output_once_from_the_main_process(tmp_path, ernie_folder):
+    """`hf-ext ernie2 finetune` under `torchrun --nproc-per-node 2`: both processes end with exit code 0 and only the
+    main one writes the output folder, once, with one summary line; the folder holds a trained classifier."""
+    out = tmp_path / "runs" / "mrpc"
+    code, stdout, err = torchrun_cli(["ernie2", "finetune", ernie_folder, "--task", "MRPC", "--train-file",
+                                      GLUE / "MRPC" / "train.tsv", "--eval-file", GLUE / "MRPC" / "dev.tsv",
+                                      "--output-dir", out, "--max-steps", "2", "--task-id", "4", "--device", "cpu"],
+                                     timeout=PROCESS_TIMEOUT)
+    assert code == 0, err[-3000:]
+    [summary] = [json.loads(line) for line in stdout.splitlines()]
+    assert summary["output_dir"] == str(out) and {"eval_accuracy", "eval_f1"} <= set(summary)
+    assert sorted(path.name for path in out.parent.iterdir()) == ["mrpc"]  # no other process's staging folder
+    classifier = ErnieForSequenceClassification.from_pretrained(out)
+    assert classifier.config.num_labels == 2 and (out / "tokenizer.json").is_file()
+    encoder = load_file(ernie_folder / "model.safetensors")
+    trained = classifier.state_dict()
+    assert any(not torch.equal(trained[name], weight) for name, weight in encoder.items() if name in trained)
 
 
 def test_finetune_feeds_the_task_id_and_reports_glue_metrics(tmp_path, ernie_folder):

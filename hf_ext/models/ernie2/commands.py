@@ -208,24 +208,29 @@ def _export(args):
 
 
 def _finetune(args):
+    import tempfile
     from pathlib import Path
 
     from ...glue import glue_benchmark
     from ...hub import Evaluation, trainer_metrics, write_training_card
     from ...output import check_output_dir
-    from ...trainer import print_summary, training_output
+    from ...trainer import print_summary, training_run_output
     from .training import finetune_glue
 
     check_output_dir(args.output_dir, args.overwrite)
-    with training_output(args.output_dir, args.overwrite) as (staging, scratch):
+    with tempfile.TemporaryDirectory() as scratch:
         training_args = _training_args(args, scratch, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
                                        eval_strategy="no")
         trainer, metrics = finetune_glue(args.model, args.task, args.train_file, training_args,
                                          eval_file=args.eval_file, task_id=args.task_id, max_length=args.max_length,
                                          log_to_stderr=True, trust_remote_code=args.trust_remote_code)
-        trainer.save_model(staging)
-        evaluations = [Evaluation("text-classification", f"{args.task} ({Path(args.eval_file).name})",
-                                  trainer_metrics(metrics), glue_benchmark(args.task))] if metrics else []
-        write_training_card(staging, args.output_dir, args, "hf-ext ernie2 finetune", args.model,
-                            trainer.state.log_history, evaluations)
+        # under torchrun, every process gathers the weights and the main one alone writes the folder
+        with training_run_output(args.output_dir, trainer, trainer.processing_class,
+                                 overwrite=args.overwrite) as staging:
+            if staging is None:
+                return
+            evaluations = [Evaluation("text-classification", f"{args.task} ({Path(args.eval_file).name})",
+                                      trainer_metrics(metrics), glue_benchmark(args.task))] if metrics else []
+            write_training_card(staging, args.output_dir, args, "hf-ext ernie2 finetune", args.model,
+                                trainer.state.log_history, evaluations)
     print_summary(args.output_dir, **metrics)
