@@ -74,7 +74,8 @@ def accelerate_fsdp2_prepare(model):
     an `Accelerator` on this CPU. Skips where accelerate has no FSDP2."""
     from types import SimpleNamespace
 
-    fsdp_utils = pytest.importorskip("accelerate.utils.fsdp_utils")
+    from accelerate.utils import fsdp_utils  # accelerate is a dependency of transformers' Trainer, and ours
+
     if not hasattr(fsdp_utils, "fsdp2_prepare_model"):
         pytest.skip("this accelerate has no FSDP2 (accelerate >= 1.6)")
     from accelerate.utils import FullyShardedDataParallelPlugin
