@@ -552,7 +552,7 @@ def label_mixture_latents(resolved: Sequence[tuple[LatentAttribute, int]], other
     (`label_gaussian`), its spread scaled by `temperature`: p(z | a) as the mixture over the other attributes'
     labels of p(z | a, b). Why: one Gaussian per requested label spans the clusters of the other parts' labels, and
     its centre lies between them, where a decoder need not read any label (on a model whose reconstructions keep all
-    three demo parts, the place's label means decoded to the wrong place 5 times in 6)."""
+    three demo parts, most of the place's label means decoded to another place)."""
     drawn = torch.stack([torch.randint(len(attribute.labels), (num_samples,), generator=generator, device=device)
                          for attribute in others], 1) if others else torch.zeros((num_samples, 0), dtype=torch.long,
                                                                                  device=device)
