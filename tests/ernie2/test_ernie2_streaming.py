@@ -119,7 +119,7 @@ def test_a_shard_that_stops_being_json_is_named_and_the_steps_trained_are_kept(t
     # the first 64 documents (one map batch) give 128 examples, 64 steps of 2; the next batch reaches shard 1
     last = err.strip().splitlines()[-1]
     match = re.fullmatch(rf"hf-ext: error: cannot read the stream: documents {re.escape(str(bad))}, line 4: not JSON "
-                         r"\(Invalid control character at\); the (\d+) steps trained are kept in (.+): correct the "
+                         r"\(Unterminated string starting at\); the (\d+) steps trained are kept in (.+): correct the "
                          "data and run the same command to resume", last)
     assert code == 1 and match, last
     kept = int(match.group(1))
