@@ -243,8 +243,6 @@ class ModelConformance:
     no_dropout: dict = {}
     # parameter name pattern -> why its initialisation does not scale with the config's initializer range (or gain)
     init_not_from_config: dict = {}
-    # check name -> why it fails for this model today (a strict xfail: the check reports when it starts passing)
-    known_failures: dict = {}
 
     def config(self, **overrides) -> PretrainedConfig:
         raise NotImplementedError
@@ -273,9 +271,6 @@ class ModelConformance:
         reason = self.not_applicable.get(request.function.__name__)
         if reason:
             pytest.skip(reason)
-        failure = self.known_failures.get(request.function.__name__)
-        if failure:
-            request.applymarker(pytest.mark.xfail(reason=failure, strict=True))
 
     def model(self, config=None, seed=0, **kwargs):
         torch.manual_seed(seed)
