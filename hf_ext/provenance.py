@@ -16,7 +16,8 @@ RUN_OUTPUTS = ("docs/images", "docs/results", "benchmarks/results", "reproductio
 
 def checkout_commit(repository: str | Path) -> str:
     """The commit of the checkout at `repository`, `+changes` when a tracked file other than a run output differs
-    from it; `unknown` outside a git checkout."""
+    from it; outside a git checkout, the commit that `HF_EXT_COMMIT` names (for a copy of a clean checkout sent to
+    another machine without its `.git`: the sender's word), else `unknown`."""
     excluded = [f":(exclude){path}" for path in RUN_OUTPUTS]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repository, capture_output=True, text=True,
@@ -24,18 +25,20 @@ def checkout_commit(repository: str | Path) -> str:
         changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *excluded],
                                  cwd=repository, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return os.environ.get("HF_EXT_COMMIT") or "unknown"
     return head + ("+changes" if changed else "")
 
 
 def machine_description() -> str:
-    """The architecture, the processor as Linux names it (`platform.processor()` is empty there) and the cores."""
+    """The architecture, the processor as Linux names it (`platform.processor()` is empty there), the cores and the
+    GPU where torch finds one."""
     model = platform.processor()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
                       if line.startswith("model name")), model)
-    return f"{platform.machine()}, {model or 'unknown processor'}, {os.cpu_count()} CPU cores"
+    gpu = f", GPU: {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"{platform.machine()}, {model or 'unknown processor'}, {os.cpu_count()} CPU cores{gpu}"
 
 
 def software_versions() -> dict[str, str]:

@@ -37,6 +37,7 @@ combinations held out: the held-out accuracy is how well the latent carries part
 """
 
 import random
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -44,7 +45,7 @@ from pathlib import Path
 import torch
 from common import REPOSITORY, holds, main, markdown_table, reproduction_parser, spread, values
 from datasets import Dataset
-from ernie2_continual import stdlib_corpus
+from transformers import TrainerCallback
 
 from hf_ext.models.optimus import OptimusLatentSpace
 from hf_ext.models.optimus.backbones import optimus_from_backbones, save_backbones_adapter
@@ -57,11 +58,14 @@ RESULT_KEYS = ["backbones", "corpus", "settings", "runs"]  # of each seed
 
 ENCODER_FOLDER, DECODER_FOLDER = "all-MiniLM-L6-v2", "SmolLM2-135M-Instruct-Q4_1-f32"
 SNLI = REPOSITORY / "tests" / "data" / "snli_sentences"
-WORDS = (5, 16)  # the sentence lengths kept from the docstrings
-HELD_OUT_DOCSTRINGS = 40  # beside SNLI's 40 test sentences
+WORDNET = Path("/usr/share/wordnet")  # Debian's wordnet-base
+WORDNET_FILES = ("data.noun", "data.verb", "data.adj", "data.adv")
+WORDNET_SAMPLE = REPOSITORY / "tests" / "data" / "wordnet_sample"  # what `--quick` reads
+WORDS = (4, 20)  # the lengths (in words) of the WordNet examples kept
+HELD_OUT_WORDNET = 40  # beside SNLI's 40 test sentences
 HELD_OUT_COMBINATIONS = 40  # of the 216 sentences of `--text parts`
-TEXTS = {"real": "SNLI sample (tests/data/snli_sentences, CC BY-SA 4.0); first sentences of Python standard-library "
-                 "docstrings (PSF licence)",
+TEXTS = {"real": "SNLI sample (tests/data/snli_sentences, CC BY-SA 4.0); the usage examples of WordNet 3.0's glosses "
+                 "(Princeton's WordNet 3.0 licence, as Debian's wordnet-base ships it)",
          "parts": "the demo's sentence form: every SUBJECT x ACTIVITY x PLACE combination "
                   "(hf_ext.models.optimus.demo.recombined_sentences), 40 combinations held out"}
 # (name, LoRA, learning rate): a usual rate for LoRA adapters, a usual one for fine-tuning a whole small LM
@@ -80,9 +84,25 @@ SHOWN = 6  # held-out reconstructions kept in the results
 IMPORTANCE_SAMPLES = 5
 
 
-def corpus(text: str, seed: int, quick: bool) -> dict[str, list[str]]:
-    """Training and held-out sentences: SNLI's sample and docstring sentences of the standard library (`real`), or
-    the combinations of the demo's parts, some held out (`parts`)."""
+def wordnet_examples(folder: Path) -> list[str]:
+    """The quoted usage examples of the glosses in WordNet's `data.*` files ("he drove the car into the garage"), of
+    `WORDS` words, without duplicates, in a fixed order."""
+    examples = set()
+    for name in WORDNET_FILES:
+        for line in (folder / name).read_text(encoding="latin-1").splitlines():
+            if line.startswith("  ") or "|" not in line:  # the licence header
+                continue
+            for example in re.findall(r'"([^"]+)"', line.split("|", 1)[1]):
+                example = example.strip()
+                # examples about words ("`which' in `which of the men'") are not sentences
+                if "`" not in example and WORDS[0] <= len(example.split()) <= WORDS[1]:
+                    examples.add(example)
+    return sorted(examples)
+
+
+def corpus(text: str, seed: int, quick: bool, wordnet: Path = WORDNET) -> dict[str, list[str]]:
+    """Training and held-out sentences: SNLI's sample and WordNet's usage examples (`real`), or the combinations of
+    the demo's parts, some held out (`parts`)."""
     if text == "parts":
         sentences = recombined_sentences()
         random.Random(seed).shuffle(sentences)
@@ -92,13 +112,11 @@ def corpus(text: str, seed: int, quick: bool) -> dict[str, list[str]]:
     def lines(name):
         return [line.strip() for line in (SNLI / name).read_text(encoding="utf-8").splitlines() if line.strip()]
 
-    records, _ = stdlib_corpus(limit=8 if quick else None)
-    docstrings = sorted({sentence for record in records for paragraph in record["paragraphs"]
-                         for sentence in paragraph[:1] if WORDS[0] <= len(sentence.split()) <= WORDS[1]})
-    random.Random(seed).shuffle(docstrings)
-    train = lines("train.txt") + lines("valid.txt") + docstrings[HELD_OUT_DOCSTRINGS:]
+    examples = wordnet_examples(wordnet)
+    random.Random(seed).shuffle(examples)
+    train = lines("train.txt") + lines("valid.txt") + examples[HELD_OUT_WORDNET:]
     random.Random(seed).shuffle(train)
-    held_out = lines("test.txt") + docstrings[:HELD_OUT_DOCSTRINGS]
+    held_out = lines("test.txt") + examples[:HELD_OUT_WORDNET]
     if quick:
         train, held_out = train[:48], held_out[:8]
     return {"train": train, "held_out": held_out}
@@ -118,8 +136,21 @@ def reconstruction(space: OptimusLatentSpace, sentences: list[str]) -> tuple[flo
                                                for s, o, a in zip(sentences, outputs, accuracies, strict=True)]
 
 
-def train_run(name, lora, learning_rate, encoder, decoder, texts, steps, seed, folder, adapter=None) -> dict:
-    """One run from the two backbones; a LoRA run's adapter is saved to `adapter` (a folder) when given."""
+class TimeLimit(TrainerCallback):
+    """Stops training once `seconds` have passed since `started` (the run records the steps it trained)."""
+
+    def __init__(self, started: float, seconds: float):
+        self.deadline = started + seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if time.perf_counter() >= self.deadline:
+            control.should_training_stop = True
+
+
+def train_run(name, lora, learning_rate, encoder, decoder, texts, steps, seed, folder, adapter=None,
+              batch_size=BATCH_SIZE, time_limit=None, bf16=False) -> dict:
+    """One run from the two backbones; a LoRA run's adapter is saved to `adapter` (a folder) when given. Training
+    stops after `time_limit` seconds if it has not ended by then."""
     model, processor = optimus_from_backbones(encoder, decoder, latent_size=LATENT_SIZE, seed=seed, beta=BETA,
                                               dim_target_kl=DIM_TARGET_KL, fb_mode=1)
     trained, trainable = freeze_or_adapt(model, processor, lora_on=("encoder", "decoder") if lora else (),
@@ -127,12 +158,15 @@ def train_run(name, lora, learning_rate, encoder, decoder, texts, steps, seed, f
     print(f"seed {seed}: {name}: {trainable.trainable:,} of {trainable.total:,} parameters train "
           f"({trainable.fraction:.2%}); {steps} steps", flush=True)
     started = time.perf_counter()
+    limit = [TimeLimit(started, time_limit)] if time_limit else []
     trainer = finetune_optimus(trained, processor, Dataset.from_dict({"text": texts["train"]}), folder,
-                               max_steps=steps, batch_size=BATCH_SIZE, learning_rate=learning_rate,
+                               max_steps=steps, batch_size=batch_size, learning_rate=learning_rate, bf16=bf16,
+                               # transformers refuses bf16 without a GPU unless told the CPU is meant
+                               use_cpu=bf16 and not torch.cuda.is_available(),
                                ratio_zero=RATIO_ZERO, ratio_increase=RATIO_INCREASE,
                                logging_steps=max(1, steps // 30), warmup_steps=steps // 10, seed=seed,
                                max_length=MAX_LENGTH, print_logs=False, disable_tqdm=True,
-                               callbacks=[ProgressLines(started, max(1, steps // 10))])
+                               callbacks=[ProgressLines(started, max(1, steps // 10)), *limit])
     seconds = time.perf_counter() - started
     if lora and adapter is not None:
         # the backbones by their folder names (optimus_backbones.py's), not this machine's paths
@@ -147,7 +181,7 @@ def train_run(name, lora, learning_rate, encoder, decoder, texts, steps, seed, f
     first, last = texts["held_out"][0], texts["held_out"][1]
     return {
         "name": name, **trainable.as_dict(), "learning_rate": learning_rate,
-        "training_seconds": round(seconds, 1),
+        "training_seconds": round(seconds, 1), "steps_trained": trainer.state.global_step,
         "held_out_word_accuracy": held_out_accuracy, "train_word_accuracy": train_accuracy,
         "kl": metrics["kl"], "mi": metrics["mi"], "active_units": metrics["active_units"],
         "perplexity": metrics["perplexity"],
@@ -160,21 +194,25 @@ def train_run(name, lora, learning_rate, encoder, decoder, texts, steps, seed, f
 
 
 def run(args) -> dict:
-    texts = corpus(args.text, args.seed, args.quick)
+    texts = corpus(args.text, args.seed, args.quick, args.wordnet)
     steps = QUICK_STEPS if args.quick else args.steps
     with tempfile.TemporaryDirectory() as scratch:
         if args.quick:
             encoder, decoder = stand_in_backbones(Path(scratch))
         else:
             encoder, decoder = args.encoder, args.decoder
-        runs = [train_run(*RUNS[kind], encoder, decoder, texts, steps, args.seed, Path(scratch) / kind, args.adapter)
+        # several seeds: each LoRA run's adapter in its own folder
+        adapter = args.adapter / f"seed-{args.seed}" if args.adapter and len(args.seeds) > 1 else args.adapter
+        runs = [train_run(*RUNS[kind], encoder, decoder, texts, steps, args.seed, Path(scratch) / kind, adapter,
+                          args.batch_size, args.time_limit, args.bf16)
                 for kind in args.runs]
     return {
         "backbones": {"encoder": "stand-in" if args.quick else Path(args.encoder).name,
                       "decoder": "stand-in" if args.quick else Path(args.decoder).name},
         "corpus": {"text": args.text, "train": len(texts["train"]), "held_out": len(texts["held_out"]),
                    "sources": TEXTS[args.text]},
-        "settings": {"steps": steps, "batch_size": BATCH_SIZE, "latent_size": LATENT_SIZE, "lora_rank": LORA_RANK,
+        "settings": {"steps": steps, "batch_size": args.batch_size, "time_limit": args.time_limit,
+                     "bf16": args.bf16, "latent_size": LATENT_SIZE, "lora_rank": LORA_RANK,
                      "beta": BETA, "dim_target_kl": DIM_TARGET_KL, "max_length": MAX_LENGTH},
         "runs": runs,
     }
@@ -244,8 +282,12 @@ def draw(pyplot, results: dict, path: Path) -> None:
 
 def prepare(args) -> None:
     """The backbones: --encoder/--decoder, else the two folders of --backbones (not needed with --quick)."""
-    if args.adapter is not None and len(args.seeds or ([0] if args.quick else [0, 1, 2])) != 1:
-        raise SystemExit("--adapter keeps one run's adapter: give one seed (--seeds N)")
+    args.seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    if args.quick:
+        args.wordnet = WORDNET_SAMPLE
+    if args.text == "real" and not args.quick and not all((args.wordnet / name).is_file() for name in WORDNET_FILES):
+        raise SystemExit(f"--wordnet {args.wordnet}: no WordNet 3.0 data files ({', '.join(WORDNET_FILES)}) there: "
+                         "install Debian's wordnet-base or give the dict folder of Princeton's WordNet 3.0")
     if args.adapter is not None and "lora" not in args.runs:
         raise SystemExit("--adapter keeps the LoRA run's adapter: --runs needs lora")
     if args.quick:
@@ -272,6 +314,12 @@ if __name__ == "__main__":
                         help="lora: frozen backbones with LoRA; full: full fine-tuning (default: both, from the same "
                              "start)")
     parser.add_argument("--adapter", type=Path,
-                        help="save the LoRA run's adapter here (one seed only), from which "
+                        help="save the LoRA run's adapter here (several seeds: in seed-N folders), from which "
                              "optimus_from_backbones_and_adapter rebuilds the trained model")
+    parser.add_argument("--wordnet", type=Path, default=WORDNET,
+                        help=f"WordNet 3.0's dict folder, for --text real (default {WORDNET}, Debian's wordnet-base)")
+    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE, help=f"(default {BATCH_SIZE})")
+    parser.add_argument("--time-limit", type=float,
+                        help="stop each run's training after this many seconds if its steps have not ended")
+    parser.add_argument("--bf16", action="store_true", help="train under bfloat16 autocast (TrainingArguments.bf16)")
     main(parser, run, tables, draw, prepare=prepare)

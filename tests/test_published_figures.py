@@ -70,8 +70,10 @@ def test_the_check_finds_a_changed_figure_and_a_missing_results_file():
         publish.stale_blocks("<!-- figures from docs/results/gone.json -->\n| 1.00 |\n<!-- end of figures -->")
 
 
-def test_a_run_outputs_change_is_not_a_code_change(tmp_path):
+def test_a_run_outputs_change_is_not_a_code_change(tmp_path, monkeypatch):
     import subprocess
+
+    monkeypatch.delenv("HF_EXT_COMMIT", raising=False)
 
     from hf_ext.provenance import checkout_commit
 
@@ -92,3 +94,6 @@ def test_a_run_outputs_change_is_not_a_code_change(tmp_path):
     (tmp_path / "script.py").write_text("print(2)\n")  # the code changed: not that commit
     assert checkout_commit(tmp_path) == head + "+changes"
     assert checkout_commit(tmp_path / "docs" / "images" / "nowhere") == "unknown"
+    # a copy without .git (a run on another machine) is the commit its sender names, else unknown
+    monkeypatch.setenv("HF_EXT_COMMIT", "0123456789abcdef0123456789abcdef01234567")
+    assert checkout_commit(tmp_path / "docs" / "images" / "nowhere") == "0123456789abcdef0123456789abcdef01234567"
