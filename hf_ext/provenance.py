@@ -16,8 +16,11 @@ RUN_OUTPUTS = ("docs/images", "docs/results", "benchmarks/results", "reproductio
 
 def checkout_commit(repository: str | Path) -> str:
     """The commit of the checkout at `repository`, `+changes` when a tracked file other than a run output differs
-    from it; outside a git checkout, the commit that `HF_EXT_COMMIT` names (for a copy of a clean checkout sent to
-    another machine without its `.git`: the sender's word), else `unknown`."""
+    from it, `unknown` outside a git checkout; or the commit that `HF_EXT_COMMIT` names, the sender's word for a copy
+    of a clean checkout run on another machine (whose `.git`, if it travels at all, can be stale)."""
+    told = os.environ.get("HF_EXT_COMMIT")
+    if told:
+        return told
     excluded = [f":(exclude){path}" for path in RUN_OUTPUTS]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repository, capture_output=True, text=True,
@@ -25,7 +28,7 @@ def checkout_commit(repository: str | Path) -> str:
         changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *excluded],
                                  cwd=repository, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("HF_EXT_COMMIT") or "unknown"
+        return "unknown"
     return head + ("+changes" if changed else "")
 
 

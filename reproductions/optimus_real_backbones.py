@@ -12,24 +12,27 @@
 Hub ids `sentence-transformers/all-MiniLM-L6-v2` and `HuggingFaceTB/SmolLM2-135M-Instruct` serve as well:
 `--encoder`, `--decoder`).
 
-Two runs from the same start, the AdaVAE question (Tu et al., 2022) at CPU scale:
+Two runs from the same start, the AdaVAE question (Tu et al., 2022):
 - "frozen + LoRA": both backbones frozen; LoRA (rank 8) on their attention projections, the latent projections and
   the decoder's added `<PAD>` embedding train;
 - "full fine-tuning": everything trains, as the original Optimus fine-tunes.
 
-Text, `--text real` (the default; real English, 2 licences): the SNLI sample of `tests/data/snli_sentences` (the
-Optimus repository's debug split of SNLI, CC BY-SA 4.0: train and valid for training, test held out) and first
-sentences of 5 to 16 words from the docstrings of Python's standard library (PSF licence; read with the ERNIE
-reproduction's `stdlib_corpus`), 40 of them held out. Measured on the held-out sentences and on as many training
-ones: reconstruction word accuracy (greedy decoding from the posterior mean), KL, mutual information and active
-units (`evaluate_optimus_lm`), and interpolations and prior samples shown; trainable parameters and seconds.
+Text, `--text real` (the default; real English, 2 licences): the usage examples quoted in WordNet 3.0's glosses
+(`--wordnet DIR`: WordNet's dict folder, by default Debian's wordnet-base in /usr/share/wordnet; Princeton's WordNet
+3.0 licence), those of 4 to 20 words, 40 held out, and the SNLI sample of `tests/data/snli_sentences` (the Optimus
+repository's debug split of SNLI, CC BY-SA 4.0: train and valid for training, test held out). Measured on the
+held-out sentences and on as many training ones: reconstruction word accuracy (greedy decoding from the posterior
+mean), KL, mutual information and active units (`evaluate_optimus_lm`), and interpolations and prior samples shown;
+trainable parameters, steps and seconds. A CPU trains too few steps for this text to be learnt; on a GPU (the
+published run, `--batch-size 64 --bf16`), `--time-limit` stops each run within the time at hand.
 
 Text, `--text parts`: the AdaVAE question on text that a CPU affords learning, the sentences of the demo's form
 ("SUBJECT is ACTIVITY PLACE .", every combination of its 6 subjects, 6 activities and 6 places, 216 sentences), 40
 combinations held out: the held-out accuracy is how well the latent carries parts in combinations never trained on.
 
     python reproductions/optimus_backbones.py ~/.cache/hf-ext/backbones
-    python reproductions/optimus_real_backbones.py --backbones ~/.cache/hf-ext/backbones --threads 1 --steps 5000 \\
+    python reproductions/optimus_real_backbones.py --backbones ~/.cache/hf-ext/backbones --jobs 3 --steps 1600 \\
+        --batch-size 64 --bf16 --time-limit 160 --adapter optimus-adapters \\
         --output optimus_real_backbones.json --plot optimus_real_backbones.png
     python reproductions/optimus_real_backbones.py --backbones ~/.cache/hf-ext/backbones --text parts --jobs 2 \\
         --threads 1 --steps 300 --output reproductions/results/optimus_backbones_parts.json \\
@@ -243,14 +246,19 @@ def tables(results: dict) -> str:
     def cell(index, key, digits=2, scale=1.0):
         return spread(values(results, lambda seed: seed["runs"][index][key]), digits, scale)
 
+    def steps(index):  # what a run trained: all its steps, or those its --time-limit left (older files: all)
+        trained = spread(values(results, lambda seed: seed["runs"][index].get("steps_trained",
+                                                                               seed["settings"]["steps"])), 0)
+        return f"{trained} of {results['per_seed'][0]['settings']['steps']}"
+
     rows = [[name, f"{results['per_seed'][0]['runs'][index]['trainable_parameters']:,}",
              cell(index, "trainable_fraction", 2, 100) + " %", cell(index, "held_out_word_accuracy", 1, 100) + " %",
              cell(index, "train_word_accuracy", 1, 100) + " %", cell(index, "kl", 1), cell(index, "mi", 2),
-             f"{cell(index, 'active_units', 1)} / {latent_size}", cell(index, "training_seconds", 0)]
+             f"{cell(index, 'active_units', 1)} / {latent_size}", steps(index), cell(index, "training_seconds", 0)]
             for index, name in enumerate(names)]
     figures = markdown_table(["run", "trainable parameters", "share", "held-out word accuracy",
                               "training word accuracy", "KL (nats)", "MI (nats)", "active units",
-                              "training seconds"], rows)
+                              "steps trained", "training seconds"], rows)
     seed = results["per_seed"][0]
     examples = [[run["name"], row["input"], row["output"]] for run in seed["runs"] for row in run["reconstructions"]]
     shown = markdown_table(["run", f"held-out sentence (seed {seed['seed']})", "reconstruction"], examples)
@@ -306,9 +314,9 @@ if __name__ == "__main__":
     parser.add_argument("--decoder", help="the decoder (a folder or Hub id; default: in --backbones)")
     parser.add_argument("--steps", type=int, default=STEPS,
                         help=f"training steps of each run (default {STEPS}: what two CPU cores train in about ten "
-                             "minutes a run, not enough to learn to reconstruct; a GPU affords thousands)")
+                             "minutes a run, not enough to learn real text; a GPU affords thousands)")
     parser.add_argument("--text", choices=sorted(TEXTS), default="real",
-                        help="real: SNLI's sample and standard-library docstrings (default); parts: the demo's "
+                        help="real: WordNet's usage examples and SNLI's sample (default); parts: the demo's "
                              "sentence form, every combination of its parts, 40 held out")
     parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS),
                         help="lora: frozen backbones with LoRA; full: full fine-tuning (default: both, from the same "

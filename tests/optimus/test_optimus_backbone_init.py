@@ -5,6 +5,7 @@ training what it builds with frozen or LoRA backbones (`hf-ext optimus train --f
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -321,6 +322,7 @@ def test_a_lora_run_ships_as_an_adapter_that_rebuilds_the_trained_model(backbone
     texts = Path(SNLI_TRAIN).read_text(encoding="utf-8").splitlines()
     finetune_optimus(trained, processor, Dataset.from_dict({"text": texts}), tmp_path / "run", max_steps=6,
                      batch_size=8, learning_rate=1e-2, seed=0, max_length=32, print_logs=False, disable_tqdm=True)
+    trainable = sum(p.numel() for p in trained.parameters() if p.requires_grad)
     save_backbones_adapter(trained, tmp_path / "adapter", encoder, decoder)
     merged = trained.merge_and_unload().eval()
     rebuilt, rebuilt_processor = optimus_from_backbones_and_adapter(tmp_path / "adapter")
@@ -336,3 +338,59 @@ def test_a_lora_run_ships_as_an_adapter_that_rebuilds_the_trained_model(backbone
         assert not torch.allclose(untrained(**batch).logits, expected.logits, atol=1e-3)
     adapter_bytes = sum(path.stat().st_size for path in (tmp_path / "adapter").iterdir())
     assert adapter_bytes < 4 * rebuilt.num_parameters()  # less than the float32 model
+    # its card (the model's, in its adapter form) says what it holds and how to rebuild, not PEFT's empty template
+    card = (tmp_path / "adapter" / "README.md").read_text(encoding="utf-8")
+    assert "More Information Needed" not in card and f"{trainable:,} parameters" in card
+    assert f'optimus_from_backbones_and_adapter("{tmp_path / "adapter"}", encoder="{encoder}"' in card
+    assert "(rank 4)" in card and "`latent_to_memory`" in card
+
+
+SHIPPED_ADAPTER = Path("reproductions/results/optimus_real_backbones_adapter")
+REAL_TEXT_RESULTS = Path("reproductions/results/optimus_real_backbones.json")
+LORA_RUN = "frozen + LoRA"
+# the folder `reproductions/optimus_backbones.py DIR` wrote: the real backbones, which CI has not
+REAL_BACKBONES = os.environ.get("HF_EXT_BACKBONES")
+
+
+def shipped_run() -> tuple[dict, dict, dict]:
+    """The shipped adapter's settings, and the first seed and its LoRA run of the results it was published with."""
+    from hf_ext.models.optimus.backbones import ADAPTER_SETTINGS
+
+    seed = json.loads(REAL_TEXT_RESULTS.read_text(encoding="utf-8"))["per_seed"][0]
+    run = next(run for run in seed["runs"] if run["name"] == LORA_RUN)
+    return json.loads((SHIPPED_ADAPTER / ADAPTER_SETTINGS).read_text(encoding="utf-8")), seed, run
+
+
+def test_the_shipped_adapter_is_the_published_lora_run():
+    """reproductions/results/optimus_real_backbones_adapter is seed 0's LoRA run of the published real-text results:
+    the same backbones, settings, rank and trained parameters."""
+    from safetensors import safe_open
+
+    settings, seed, run = shipped_run()
+    assert seed["seed"] == 0
+    assert (settings["encoder"], settings["decoder"]) == (seed["backbones"]["encoder"], seed["backbones"]["decoder"])
+    assert [settings[name] for name in ("latent_size", "beta", "dim_target_kl")] == \
+        [seed["settings"][name] for name in ("latent_size", "beta", "dim_target_kl")]
+    lora = json.loads((SHIPPED_ADAPTER / "adapter_config.json").read_text(encoding="utf-8"))
+    assert lora["r"] == seed["settings"]["lora_rank"]
+    with safe_open(SHIPPED_ADAPTER / "adapter_model.safetensors", "pt") as weights:
+        stored = sum(torch.Size(weights.get_slice(name).get_shape()).numel() for name in weights.keys())
+    assert stored == run["trainable_parameters"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not REAL_BACKBONES, reason="needs the real backbones: run reproductions/optimus_backbones.py DIR, "
+                                               "then set HF_EXT_BACKBONES=DIR")
+def test_the_shipped_adapter_rebuilds_the_published_reconstructions():
+    """Rebuilt on this machine from the two backbones and the adapter (trained on a GPU), the model decodes the
+    published held-out sentences to the published reconstructions."""
+    from hf_ext.models.optimus import OptimusLatentSpace
+    from hf_ext.models.optimus.backbones import optimus_from_backbones_and_adapter
+
+    settings, seed, run = shipped_run()
+    model, processor = optimus_from_backbones_and_adapter(
+        SHIPPED_ADAPTER, encoder=str(Path(REAL_BACKBONES) / settings["encoder"]),
+        decoder=str(Path(REAL_BACKBONES) / settings["decoder"]))
+    space = OptimusLatentSpace(model, processor, max_new_tokens=seed["settings"]["max_length"])
+    rows = run["reconstructions"]
+    assert space.reconstruct([row["input"] for row in rows]) == [row["output"] for row in rows]

@@ -194,11 +194,32 @@ def save_backbones_adapter(model: "PeftModel", folder: str | Path, encoder: str,
     weights, the latent projections, the added tokens' embeddings) with the settings and the two backbones' names,
     so that `optimus_from_backbones_and_adapter` rebuilds the trained model from the public backbones: a few
     megabytes instead of the whole model."""
+    from ... import __version__
+    from ...hub import card_data, write_model_card
+    from . import ENTRY
+    from .conversion import _injection_text
+
     folder = Path(folder)
     model.save_pretrained(str(folder))
     config = model.get_base_model().config
     settings = {"encoder": encoder, "decoder": decoder, **{name: getattr(config, name) for name in REBUILD_SETTINGS}}
     (folder / ADAPTER_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    # the model's card in its adapter form, over PEFT's empty template
+    lora = model.peft_config[model.active_adapter]
+    added = lora.trainable_token_indices or []
+    added = sorted({index for indices in added.values() for index in indices} if isinstance(added, dict) else added)
+    # the card's base models: Hub ids, not local folders nor bare folder names
+    hub_ids = [source for source in (encoder, decoder) if "/" in source and not Path(source).expanduser().exists()]
+    write_model_card(
+        folder, ENTRY.card_template,
+        card_data(tags=["optimus", "vae", "lora", "peft"], base_model=hub_ids or None),
+        model_name=folder.name, repo_id=str(folder), hf_ext_version=__version__, latent_size=config.latent_size,
+        injection=_injection_text(config), encoder_name=config.encoder.model_type,
+        decoder_name=config.decoder.model_type, beta=config.beta, dim_target_kl=config.dim_target_kl,
+        adapter={"encoder": encoder, "decoder": decoder, "rank": lora.r, "targets": sorted(lora.target_modules),
+                 "latent_modules": LATENT_MODULES, "added_token_ids": added, "pooling": config.encoder_pooling,
+                 "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)},
+    )
 
 
 def optimus_from_backbones_and_adapter(adapter: str | Path, encoder: str | None = None, decoder: str | None = None,
