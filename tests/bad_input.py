@@ -43,13 +43,20 @@ def without_cuda(cases: dict) -> dict:
     return {} if torch.cuda.is_available() else cases
 
 
-# modules hidden by `without_module` until the case's run ends (tests/test_bad_input.py undoes them)
-HIDDEN_MODULES = pytest.MonkeyPatch()
+# what `without_module` and `under_accelerate_fsdp` change until the case's run ends (tests/test_bad_input.py undoes it)
+CASE_PATCHES = pytest.MonkeyPatch()
+
+
+def under_accelerate_fsdp(argv: list) -> list:
+    """`argv`, run as `accelerate launch` with FSDP runs it: with the environment flag from which accelerate builds
+    its FSDP plugin."""
+    CASE_PATCHES.setenv("ACCELERATE_USE_FSDP", "true")
+    return argv
 
 
 def without_module(module: str, argv: list) -> list:
     """`argv`, to be run as if `module` were not installed (`import module` raises ImportError)."""
-    HIDDEN_MODULES.setitem(sys.modules, module, None)
+    CASE_PATCHES.setitem(sys.modules, module, None)
     return argv
 
 

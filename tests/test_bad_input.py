@@ -15,7 +15,7 @@ import sys
 
 import pytest
 from bad_input import (
-    HIDDEN_MODULES,
+    CASE_PATCHES,
     REPO_ROOT,
     TOKEN,
     UT,
@@ -155,7 +155,7 @@ def test_bad_command_input_gives_one_line_and_writes_nothing(build, expected_cod
         argv = build(tmp_path, request.getfixturevalue(folder))
         code, err = run(argv, capsys)
     finally:
-        HIDDEN_MODULES.undo()
+        CASE_PATCHES.undo()
     assert_refused(tmp_path, code, err, expected_code, message)
     assert not (tmp_path / "out.png").exists()
     assert TOKEN not in err

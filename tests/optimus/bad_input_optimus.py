@@ -21,6 +21,7 @@ from bad_input import (
     shifted,
     to_dev_zero,
     truncate,
+    under_accelerate_fsdp,
     without_cuda,
     without_module,
     written,
@@ -211,6 +212,11 @@ COMMAND_CASES = {
                              written(tmp / "t.txt", "a dog runs .\n"), "--output-dir", tmp / "out", "--lora-r", "4",
                              "--lora-on", "encoder"], 1,
         "LoRA on the encoder: the distilbert architecture has none of the attention projections hf-ext adapts"),
+    "--lora-r under FSDP": (
+        lambda tmp, folder: under_accelerate_fsdp(["optimus", "train", folder, "--train-file",
+                                                   written(tmp / "t.txt", "a dog runs .\n"), "--output-dir",
+                                                   tmp / "out", "--lora-r", "4"]), 1,
+        "--lora-r under FSDP: the adapters cannot be merged into sharded weights"),
     "--lora-on without --lora-r": (
         lambda tmp, folder: ["optimus", "train", folder, "--train-file", written(tmp / "t.txt", "a dog runs .\n"),
                              "--output-dir", tmp / "out", "--lora-on", "decoder"], 1, "--lora-on needs --lora-r"),

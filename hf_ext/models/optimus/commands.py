@@ -287,6 +287,7 @@ def _train(args):
     import shutil
     from pathlib import Path
 
+    from accelerate.utils import parse_flag_from_env
     from peft import PeftModel
 
     from ...hub import Evaluation, write_training_card
@@ -307,6 +308,10 @@ def _train(args):
     ratio_increase = DEFAULT_RATIO_INCREASE if args.ratio_increase is None else args.ratio_increase
     check_lora_arguments(args)
     require(args.lora_r is not None or args.lora_on is None, "--lora-on needs --lora-r")
+    # refused before training, from the flag `accelerate launch` sets, from which accelerate builds its FSDP plugin
+    require(args.lora_r is None or not parse_flag_from_env("ACCELERATE_USE_FSDP"),
+            "--lora-r under FSDP: the adapters cannot be merged into sharded weights; train LoRA without FSDP (DDP), "
+            "or train the weights in full under FSDP")
     device_settings = training_device_settings(args)
     check_output_dir(args.output_dir, args.overwrite)
     if args.plot:
@@ -338,8 +343,6 @@ def _train(args):
         **run_reporting_settings(args), **device_settings,
     )
     if isinstance(trained, PeftModel):
-        require(not trainer.is_fsdp_enabled, "--lora-r under FSDP: the adapters cannot be merged into sharded "
-                "weights; train LoRA without FSDP (DDP), or train the weights in full under FSDP")
         saved = trained.merge_and_unload()  # the folder holds a plain Optimus model, as without LoRA
     else:
         saved = trained
