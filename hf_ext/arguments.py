@@ -6,6 +6,7 @@ import argparse
 import math
 import unicodedata
 from collections.abc import Callable
+from pathlib import Path
 
 
 def _number(text: str, kind: type) -> float | int:
@@ -48,6 +49,13 @@ fraction = number_in(float, 0, 1, high_open=True)  # [0, 1): a share of the step
 
 TOKEN_HELP = ("Hub token (default: HF_TOKEN, or the one `hf auth login` saved; prefer those: a token given here shows "
               "in the process list and the shell's history)")
+
+
+def existing_folder(text: str) -> str:
+    """A folder that exists (a local input no Hub id can stand for)."""
+    if not Path(text).expanduser().is_dir():
+        raise argparse.ArgumentTypeError(f"no folder named {text}")
+    return text
 
 
 def hub_token(text: str) -> str:

@@ -206,6 +206,24 @@ COMMAND_CASES = {
     "init with a backbone path that names no folder": (
         lambda tmp, folder: ["optimus", "init", tmp / "nothing", "org/decoder", tmp / "out"], 2,
         "argument encoder: no folder named"),
+    # hf-ext optimus init --adapter: the model a LoRA run trained, rebuilt from its backbones
+    "init --adapter with a setting the adapter fixes": (
+        lambda tmp, folder: ["optimus", "init", *backbones_adapter(tmp)[:2], tmp / "out", "--adapter", tmp / "adapter",
+                             "--latent-size", "8"], 1,
+        "--latent-size with --adapter: the adapter's model fixes the latent size"),
+    "init --adapter given no folder": (
+        lambda tmp, folder: ["optimus", "init", write_encoder(tmp / "bert", "bert"),
+                             write_decoder(tmp / "llama", "llama"), tmp / "out", "--adapter", tmp / "nothing"], 2,
+        "argument --adapter: no folder named"),
+    "init --adapter whose folder lacks its settings": (
+        lambda tmp, folder: ["optimus", "init", *backbones_adapter(tmp, settings=False)[:2], tmp / "out",
+                             "--adapter", tmp / "adapter"], 1,
+        "cannot load the Optimus adapter from"),
+    "init --adapter of other backbones": (
+        lambda tmp, folder: ["optimus", "init", backbones_adapter(tmp)[0],
+                             write_decoder(tmp / "wider", "llama", hidden_size=64, intermediate_size=96), tmp / "out",
+                             "--adapter", tmp / "adapter"], 1,
+        "does not fit these backbones (trained on others?)"),
     # hf-ext optimus train with frozen or LoRA backbones
     "LoRA on an encoder without the attention projections LoRA adapts": (
         lambda tmp, folder: ["optimus", "train", initialised(tmp, "distilbert", "gpt2"), "--train-file",
@@ -402,6 +420,22 @@ def as_format_1(folder):
     (folder / CONFIG_NAME).write_text(json.dumps(config))
     weights = load_file(folder / WEIGHTS_NAME)
     save_file({key: value for key, value in weights.items() if key not in LABEL_GAUSSIAN_KEYS}, folder / WEIGHTS_NAME)
+
+
+def backbones_adapter(tmp, decoder="llama", settings=True):
+    """The LoRA adapter folder `save_backbones_adapter` writes for tiny BERT + `decoder` backbones (untrained: what
+    the cases check is how it is read), and the two backbones; `settings=False` drops its settings file."""
+    from hf_ext.models.optimus.backbones import ADAPTER_SETTINGS, optimus_from_backbones, save_backbones_adapter
+    from hf_ext.models.optimus.training import freeze_or_adapt
+
+    encoder_folder = write_encoder(tmp / "bert", "bert")
+    decoder_folder = write_decoder(tmp / decoder, decoder)
+    model, processor = optimus_from_backbones(str(encoder_folder), str(decoder_folder), latent_size=4)
+    adapted, _ = freeze_or_adapt(model, processor, lora_on=("decoder",), lora_r=2)
+    save_backbones_adapter(adapted, tmp / "adapter", str(encoder_folder), str(decoder_folder))
+    if not settings:
+        (tmp / "adapter" / ADAPTER_SETTINGS).unlink()
+    return encoder_folder, decoder_folder, tmp / "adapter"
 
 
 def initialised(tmp, encoder, decoder):

@@ -343,6 +343,15 @@ def test_a_lora_run_ships_as_an_adapter_that_rebuilds_the_trained_model(backbone
     assert "More Information Needed" not in card and f"{trainable:,} parameters" in card
     assert f'optimus_from_backbones_and_adapter("{tmp_path / "adapter"}", encoder="{encoder}"' in card
     assert "(rank 4)" in card and "`latent_to_memory`" in card
+    # `hf-ext optimus init ENCODER DECODER OUT --adapter DIR`: the same model as a folder every command reads
+    assert main(["optimus", "init", encoder, decoder, str(tmp_path / "folder"), "--adapter",
+                 str(tmp_path / "adapter")]) == 0
+    folder_model = OptimusModel.from_pretrained(tmp_path / "folder").eval()
+    with torch.no_grad():
+        from_folder = folder_model(**OptimusProcessor.from_pretrained(tmp_path / "folder")(texts[:4], max_length=32))
+    assert torch.allclose(from_folder.logits, expected.logits, atol=1e-4)
+    folder_card = " ".join((tmp_path / "folder" / "README.md").read_text(encoding="utf-8").split())
+    assert "with the trained adapter `adapter` (`--adapter`)" in folder_card and "untrained" not in folder_card
 
 
 SHIPPED_ADAPTER = Path("reproductions/results/optimus_real_backbones_adapter")

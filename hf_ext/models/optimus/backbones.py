@@ -16,14 +16,14 @@ import torch
 from transformers import AutoModel, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import cached_file, logging
 
-from ...errors import HfExtError
+from ...errors import HfExtError, one_line
 from ...loading import load_config, load_tokenizer, loading
 from .configuration_optimus import OptimusConfig, check_decoder, check_encoder
 from .modeling_optimus import OptimusModel
 from .processing_optimus import DECODER_SPECIAL_TOKENS, OptimusProcessor
 
 if TYPE_CHECKING:
-    from peft import PeftModel
+    from peft import LoraConfig, PeftModel
 
 logger = logging.get_logger(__name__)
 
@@ -201,13 +201,14 @@ def save_backbones_adapter(model: "PeftModel", folder: str | Path, encoder: str,
 
     folder = Path(folder)
     model.save_pretrained(str(folder))
-    config = model.get_base_model().config
+    config = cast(OptimusConfig, model.get_base_model().config)
     settings = {"encoder": encoder, "decoder": decoder, **{name: getattr(config, name) for name in REBUILD_SETTINGS}}
     (folder / ADAPTER_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
     # the model's card in its adapter form, over PEFT's empty template
-    lora = model.peft_config[model.active_adapter]
-    added = lora.trainable_token_indices or []
-    added = sorted({index for indices in added.values() for index in indices} if isinstance(added, dict) else added)
+    lora = cast("LoraConfig", model.peft_config[model.active_adapter])
+    token_indices = lora.trainable_token_indices or []
+    added = sorted({index for indices in token_indices.values() for index in indices}
+                   if isinstance(token_indices, dict) else token_indices)
     # the card's base models: Hub ids, not local folders nor bare folder names
     hub_ids = [source for source in (encoder, decoder) if "/" in source and not Path(source).expanduser().exists()]
     write_model_card(
@@ -216,7 +217,8 @@ def save_backbones_adapter(model: "PeftModel", folder: str | Path, encoder: str,
         model_name=folder.name, repo_id=str(folder), hf_ext_version=__version__, latent_size=config.latent_size,
         injection=_injection_text(config), encoder_name=config.encoder.model_type,
         decoder_name=config.decoder.model_type, beta=config.beta, dim_target_kl=config.dim_target_kl,
-        adapter={"encoder": encoder, "decoder": decoder, "rank": lora.r, "targets": sorted(lora.target_modules),
+        adapter={"encoder": encoder, "decoder": decoder, "rank": lora.r,
+                 "targets": [targets] if isinstance(targets := lora.target_modules, str) else sorted(targets or []),
                  "latent_modules": LATENT_MODULES, "added_token_ids": added, "pooling": config.encoder_pooling,
                  "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)},
     )
@@ -229,20 +231,27 @@ def optimus_from_backbones_and_adapter(adapter: str | Path, encoder: str | None 
     merged into the weights."""
     from peft import PeftModel
 
+    from ...trainer import quiet_peft
+
     with loading("the Optimus adapter", str(adapter)):
         settings = json.loads((Path(adapter) / ADAPTER_SETTINGS).read_text(encoding="utf-8"))
     model, processor = optimus_from_backbones(encoder or settings.pop("encoder"), decoder or settings.pop("decoder"),
                                               **{name: settings[name] for name in REBUILD_SETTINGS})
-    with loading("the Optimus adapter", str(adapter)):
-        adapted = PeftModel.from_pretrained(model, str(adapter))
+    with loading("the Optimus adapter", str(adapter)), quiet_peft():
+        try:
+            adapted = PeftModel.from_pretrained(model, str(adapter))
+        except RuntimeError as error:  # torch's size mismatches: the adapter of other backbones
+            raise HfExtError(f"the Optimus adapter {adapter} does not fit these backbones (trained on others?): "
+                             f"{one_line(error)}") from None
     return cast(OptimusModel, adapted.merge_and_unload()).eval(), processor
 
 
 def write_backbones_card(folder: str | Path, out: str | Path, model: OptimusModel, processor: OptimusProcessor,
-                         encoder: str, decoder: str) -> None:
+                         encoder: str, decoder: str, adapter: str | None = None) -> None:
     """`folder/README.md` (the staging folder of the output `out`) for a model `optimus_from_backbones` built: the
     model card of Optimus folders, saying which backbones it was built from (Hub ids, or local folders by their
-    names) and that its latent parts are untrained."""
+    names) and that its latent parts are untrained, or, built with the trained `adapter`
+    (`optimus_from_backbones_and_adapter`), that they come from it."""
     from ... import __version__
     from ...hub import card_data, model_name, write_model_card
     from . import ENTRY
@@ -263,6 +272,7 @@ def write_backbones_card(folder: str | Path, out: str | Path, model: OptimusMode
         dim_target_kl=config.dim_target_kl,
         special_tokens=[getattr(decoder_tokenizer, name) for name in ("pad_token", "bos_token", "eos_token")],
         backbones={"encoder": model_name(encoder), "decoder": model_name(decoder), "pooling": config.encoder_pooling,
+                   "adapter": model_name(adapter) if adapter else None,
                    "latent_modules": LATENT_MODULES,
                    "added_tokens": decoder_tokenizer.convert_ids_to_tokens(added_decoder_token_ids(decoder_tokenizer))},
     )

@@ -8,6 +8,7 @@ import torch
 from transformers.utils import logging
 
 from ...arguments import (
+    existing_folder,
     fraction,
     nonnegative_float,
     number_in,
@@ -145,10 +146,14 @@ def _register_init(tools):
     parser.add_argument("decoder", type=model_source, help="the decoder: folder or Hub repo id of a decoder-only "
                         "causal language model with a key/value cache (GPT-2, Llama, Qwen, Mistral, Gemma, ...)")
     parser.add_argument("out", help="folder to write (must not exist unless --overwrite)")
-    parser.add_argument("--latent-size", type=positive_int, default=32, help="size of the latent code (default 32)")
-    parser.add_argument("--latent-as-gpt-memory", type=int, choices=(0, 1), default=1,
+    parser.add_argument("--adapter", type=existing_folder,
+                        help="a trained adapter folder (`save_backbones_adapter`: LoRA weights and latent parts) to "
+                        "build the model it trained from these backbones, instead of untrained latent parts")
+    # no defaults in the parser: an adapter fixes these, and giving one beside it is refused
+    parser.add_argument("--latent-size", type=positive_int, help="size of the latent code (default 32)")
+    parser.add_argument("--latent-as-gpt-memory", type=int, choices=(0, 1),
                         help="1: the latent enters every decoder layer as a key/value memory slot (default 1)")
-    parser.add_argument("--latent-as-gpt-emb", type=int, choices=(0, 1), default=1,
+    parser.add_argument("--latent-as-gpt-emb", type=int, choices=(0, 1),
                         help="1: the latent is added to every token embedding of the decoder (default 1)")
     parser.add_argument("--encoder-pooling", choices=ENCODER_POOLINGS,
                         help="the encoder's sentence feature (default: a sentence-transformers model's own mean or "
@@ -164,17 +169,25 @@ def _init(args):
     from ...output import atomic_output_dir, check_output_dir
     from ...registration import add_custom_pipelines
     from . import ENTRY
-    from .backbones import optimus_from_backbones, write_backbones_card
+    from .backbones import optimus_from_backbones, optimus_from_backbones_and_adapter, write_backbones_card
 
+    fixed = ("latent_size", "latent_as_gpt_memory", "latent_as_gpt_emb", "encoder_pooling")
+    given = [f"--{name.replace('_', '-')}" for name in fixed if getattr(args, name) is not None]
+    require(args.adapter is None or not given, f"{', '.join(given)} with --adapter: the adapter's model fixes the "
+            "latent size, injection and pooling it was trained with")
     check_output_dir(args.out, args.overwrite)
-    model, processor = optimus_from_backbones(
-        args.encoder, args.decoder, latent_size=args.latent_size, latent_as_gpt_memory=bool(args.latent_as_gpt_memory),
-        latent_as_gpt_emb=bool(args.latent_as_gpt_emb), encoder_pooling=args.encoder_pooling, seed=args.seed)
+    if args.adapter is not None:
+        model, processor = optimus_from_backbones_and_adapter(args.adapter, args.encoder, args.decoder)
+    else:
+        model, processor = optimus_from_backbones(
+            args.encoder, args.decoder, latent_size=args.latent_size or 32,
+            latent_as_gpt_memory=args.latent_as_gpt_memory != 0, latent_as_gpt_emb=args.latent_as_gpt_emb != 0,
+            encoder_pooling=args.encoder_pooling, seed=args.seed)
     with atomic_output_dir(args.out, args.overwrite) as staging:
         add_custom_pipelines(staging, model.config, ENTRY.pipelines, type(model))
         model.save_pretrained(staging)
         processor.save_pretrained(staging)
-        write_backbones_card(staging, args.out, model, processor, args.encoder, args.decoder)
+        write_backbones_card(staging, args.out, model, processor, args.encoder, args.decoder, args.adapter)
     decoder_tokenizer = processor.decoder_tokenizer
     print(json.dumps({"output_dir": str(args.out), "parameters": model.num_parameters(),
                       "encoder_pooling": model.config.encoder_pooling,
