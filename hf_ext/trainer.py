@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import sys
+import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -256,6 +257,27 @@ def replace_arguments(args: TrainingArguments, **changes: Any) -> TrainingArgume
     for name, value in changes.items():
         setattr(copied, name, value)
     return copied
+
+
+@contextlib.contextmanager
+def shared_temporary_dir() -> Iterator[str]:
+    """A temporary folder, one for all the processes of a distributed run, for a Trainer's `output_dir` (checkpoints
+    kept only while training): transformers expects every process to use the same one, as only the main process saves
+    the weights into a checkpoint and every process loads the best one back (`load_best_model_at_end`). The main
+    process makes it and broadcasts its path; once every process is done, it removes it. Call it after making the
+    `TrainingArguments`, which set up the distributed state (on several machines, the folder is the main one's: point
+    `TMPDIR` at a shared filesystem)."""
+    from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list
+
+    state = PartialState()
+    [path] = broadcast_object_list([tempfile.mkdtemp() if state.is_main_process else None])
+    try:
+        yield path
+        state.wait_for_everyone()  # every process is done with the folder before the main one removes it
+    finally:  # after an error, no waiting for processes that may never come (torchrun stops them)
+        if state.is_main_process:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def trained_weights(trainer: Trainer, model: torch.nn.Module | None) -> dict[str, torch.Tensor] | None:

@@ -706,3 +706,33 @@ def test_cli_under_torchrun_writes_its_output_once_from_the_main_process(saved_m
         {"mnli": data})["eval_mnli_loss"] == pytest.approx(recorded, rel=1e-5)
     untrained = AutoModel.from_pretrained(saved_mtdnn).state_dict()
     assert any(not torch.equal(weight, untrained[name]) for name, weight in model.state_dict().items())
+
+
+@pytest.mark.slow
+def test_cli_under_torchrun_keeps_the_best_checkpoint_in_every_process(saved_mtdnn, tmp_path, monkeypatch):
+    """`hf-ext mtdnn train --metric-for-best-model` under `torchrun --nproc-per-node 2`: a learning rate high enough
+    that a later epoch is worse than the best, whose checkpoint every process loads back at the end (all share one
+    scratch folder, the main process's), so that the final evaluation, over both processes' rows, is the best
+    model's and the saved model's; the scratch folder is gone afterwards."""
+    scratch = tmp_path / "tmp"  # the processes' temporary folders
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    out = tmp_path / "out"
+    code, stdout, err = torchrun_cli(["mtdnn", "train", saved_mtdnn, "--train", f"mnli={FIXTURE}/data/mnli_dev.json",
+                                      "--eval", f"mnli={FIXTURE}/data/mnli_dev.json", "--output-dir", out,
+                                      "--epochs", "4", "--batch-size", "2", "--eval-batch-size", "1",
+                                      "--learning-rate", "1e-1", "--metric-for-best-model", "mnli_loss",
+                                      "--device", "cpu"], timeout=PROCESS_TIMEOUT)
+    assert code == 0, err[-3000:]
+    [summary] = [json.loads(line) for line in stdout.splitlines()]
+    history = json.loads((out / "log_history.json").read_text())
+    epochs = [entry["eval_mnli_loss"] for entry in history if "eval_mnli_loss" in entry][:-1]  # then the final one
+    assert len(epochs) == 4 and min(epochs) < epochs[-1]  # the best checkpoint is not the last
+    assert summary["best_metric"] == min(epochs)
+    recorded = json.loads((out / "eval_results.json").read_text())["eval_mnli_loss"]
+    assert recorded == summary["eval"]["eval_mnli_loss"] == pytest.approx(min(epochs), rel=1e-5)
+    model = AutoModel.from_pretrained(out)
+    data = load_mtdnn_json(FIXTURE / "data" / "mnli_dev.json", model.config, "mnli")
+    assert MTDNNTrainer(model=model, args=training_args(tmp_path / "eval", per_device_eval_batch_size=1)).evaluate(
+        {"mnli": data})["eval_mnli_loss"] == pytest.approx(recorded, rel=1e-5)
+    assert not list(scratch.glob("tmp*"))  # tempfile's names (torchrun leaves a folder of its own)

@@ -323,14 +323,13 @@ def _evaluations(config, eval_files, metrics):
 
 def _run(args, distill=False):
     import shutil
-    import tempfile
     from pathlib import Path
 
     from ...hub import write_training_card
     from ...lora import add_lora
     from ...output import check_output_dir
     from ...streaming import StreamReadError
-    from ...trainer import print_summary, training_arguments, training_run_output
+    from ...trainer import print_summary, shared_temporary_dir, training_arguments, training_run_output
     from .data import load_task_files, read_task_stream, stream_corpus_error, stream_layout
     from .training import task_metric_names, train_mtdnn
 
@@ -383,14 +382,18 @@ def _run(args, distill=False):
     saving = {"save_strategy": "steps", "save_steps": args.save_steps or DEFAULT_SAVE_STEPS, "save_total_limit": 2} \
         if args.streaming else {"save_strategy": strategy if args.metric_for_best_model else "no",
                                 "save_total_limit": 1}
-    with tempfile.TemporaryDirectory() as scratch:
-        training_args = training_arguments(
-            checkpoints if args.streaming else scratch, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
-            per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.eval_batch_size,
-            learning_rate=args.learning_rate, warmup_steps=args.warmup, max_grad_norm=args.max_grad_norm,
-            logging_steps=args.logging_steps, seed=args.seed, eval_strategy=strategy, eval_steps=args.eval_steps,
-            load_best_model_at_end=bool(args.metric_for_best_model), metric_for_best_model=args.metric_for_best_model,
-            **saving, **run_reporting_settings(args), **device_settings)
+    training_args = training_arguments(
+        checkpoints, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
+        per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.eval_batch_size,
+        learning_rate=args.learning_rate, warmup_steps=args.warmup, max_grad_norm=args.max_grad_norm,
+        logging_steps=args.logging_steps, seed=args.seed, eval_strategy=strategy, eval_steps=args.eval_steps,
+        load_best_model_at_end=bool(args.metric_for_best_model), metric_for_best_model=args.metric_for_best_model,
+        **saving, **run_reporting_settings(args), **device_settings)
+    # a map-style run keeps its checkpoints (for the best one) in a scratch folder that every process must share, as
+    # only the main one saves weights and all load the best back; made once the arguments set up the processes
+    with shared_temporary_dir() as scratch:
+        if not args.streaming:
+            training_args.output_dir = scratch
         try:
             trainer = train_mtdnn(model, train, evaluation, training_args, teachers=teachers,
                                   teacher_batch_size=args.eval_batch_size, log_to_stderr=True, mix_opt=args.mix_opt,
