@@ -4,7 +4,8 @@ any model that trains on GLUE (MT-DNN's multi-task training, ERNIE 2.0's fine-tu
 The layouts are those of namisan/mt-dnn's `experiments/glue/glue_utils.py` (HEAD 3228e7c) and GLUE's own files.
 """
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -197,7 +198,7 @@ def read_glue_tsv(path: str | Path, spec: dict, tokenizer: "PreTrainedTokenizerB
         columns `input_ids`, `token_type_ids`, `attention_mask` and `labels` (class ids
         in the order of the task's `labels`, or float scores) when the file has labels (`glue_examples`,
         `encode_glue_examples`). A ranking task (group size 2) reads the pair rows of a QNLI-like layout as the
-        original's QNLI ranking (see `_ranking_pairs`): each row then holds the two candidates' token lists and the
+        original's QNLI ranking (see `ranking_groups`): each row then holds the two candidates' token lists and the
         index of the positive one.
     """
     from datasets import Dataset
@@ -225,49 +226,74 @@ def read_glue_tsv(path: str | Path, spec: dict, tokenizer: "PreTrainedTokenizerB
     if not examples["premise"]:
         raise HfExtError(f"GLUE file {path} has no rows")
     if spec["type"] == "ranking":
-        return _ranking_pairs(examples, shape, tokenizer, max_length, path)
+        assert shape.labels is not None  # a ranking task's layout has labels (`glue_shape`)
+        labelled = "labels" in examples
+        labels = examples["labels"] if labelled else [None] * len(examples["premise"])
+        pairs = zip(examples["premise"], examples["hypothesis"], labels, strict=True)
+        groups = list(ranking_groups(pairs, len(shape.labels) - 1, labelled, f"GLUE file {path}"))
+        return Dataset.from_dict(encode_ranking_groups(
+            {key: [group[key] for group in groups] for key in groups[0]}, tokenizer, max_length))
     return Dataset.from_dict(encode_glue_examples(examples, tokenizer, max_length))
 
 
-def _ranking_pairs(rows, shape, tokenizer, max_length, path, seed=0):
-    """GLUE pair rows as the original's QNLI ranking groups (`load_qnnli`): rows 2i and 2i+1 form a group when they
-    share the premise (question); with labels, the pair must hold one positive (the layout's last label) and one
-    negative, its order is shuffled (seeded here; the original shuffles training pairs), and the label is the
-    index of the positive candidate. Pairs that do not fit are skipped and counted, as the original does."""
-    from datasets import Dataset
-
+def ranking_groups(rows: Iterable[tuple[str, str, int | None]], positive: int, labelled: bool, where: str,
+                   seed: int = 0) -> Iterator[dict[str, Any]]:
+    """The `(premise, hypothesis, label)` rows of one GLUE file, in file order, as the original's QNLI ranking groups
+    (`load_qnnli`): rows 2i and 2i+1 form a group when they share the premise (question); when `labelled`, the pair
+    must hold one positive (label id `positive`, the layout's last label) and one negative, its order is shuffled
+    (seeded here, one generator per file; the original shuffles training pairs), and the label is the index of the
+    positive candidate. Pairs that do not fit are skipped and counted in a warning, as the original does; a file
+    without a group fails (`where` names the file in both). Yields `{"premise": [a, b], "hypothesis": [a, b],
+    "labels": k}` (`labels` when `labelled`). Rows are read as they come: `read_glue_tsv` and MT-DNN's stream share
+    this pairing."""
     rng = np.random.default_rng(seed)
-    labelled = "labels" in rows
-    positive = len(shape.labels) - 1
-    groups = {"input_ids": [], "token_type_ids": [], "attention_mask": [], "labels": []}
-    skipped = 0
-    for first in range(0, len(rows["premise"]) - 1, 2):
-        pair = [first, first + 1]
-        if rows["premise"][first] != rows["premise"][first + 1]:
+    skipped = found = 0
+    pairs = iter(rows)
+    for first in pairs:
+        second = next(pairs, None)
+        if second is None:  # an odd row at the end
+            skipped += 1
+            break
+        pair = [first, second]
+        if first[0] != second[0]:
             skipped += 2
             continue
+        group: dict[str, Any] = {}
         if labelled:
-            if sorted(rows["labels"][i] == positive for i in pair) != [False, True]:
+            if sorted(label == positive for _, _, label in pair) != [False, True]:
                 skipped += 2
                 continue
             pair = [pair[i] for i in rng.permutation(2)]
-            groups["labels"].append(next(k for k, i in enumerate(pair) if rows["labels"][i] == positive))
-        encoded = tokenizer([rows["premise"][i] for i in pair], [rows["hypothesis"][i] for i in pair],
-                            truncation=True, max_length=max_length, return_token_type_ids=True,
-                            return_attention_mask=True)
-        for key in ("input_ids", "token_type_ids", "attention_mask"):
-            groups[key].append(encoded[key])
-    skipped += len(rows["premise"]) % 2
-    if not groups["input_ids"]:
-        raise HfExtError(f"GLUE file {path} has no pair of rows with one question and "
+            group["labels"] = next(k for k, (_, _, label) in enumerate(pair) if label == positive)
+        found += 1
+        yield {"premise": [premise for premise, _, _ in pair], "hypothesis": [hypothesis for _, hypothesis, _ in pair],
+               **group}
+    if not found:
+        raise HfExtError(f"{where} has no pair of rows with one question and "
                          + ("one positive and one negative candidate" if labelled else "two candidates"))
     if skipped:
-        logger.warning(f"{path}: skipped {skipped} row(s) that do not pair into a ranking group (as the original's "
+        logger.warning(f"{where}: skipped {skipped} row(s) that do not pair into a ranking group (as the original's "
                        "QNLI ranking does)")
-    if not labelled:
-        del groups["labels"]
-    return Dataset.from_dict(groups)
 
 
-__all__ = ["GLUE_ALIASES", "GLUE_LAYOUTS", "GlueLayout", "encode_glue_examples", "glue_examples",
-           "glue_header", "glue_layout", "glue_shape", "glue_task", "glue_task_spec", "read_glue_tsv"]
+def encode_ranking_groups(groups: dict[str, list[Any]], tokenizer: "PreTrainedTokenizerBase", max_length: int = 512,
+                          ) -> dict[str, list[Any]]:
+    """`ranking_groups`' groups (as columns: `premise` and `hypothesis`, a list of candidates per group, and
+    `labels` where they have them) tokenized as `encode_glue_examples` tokenizes rows, each candidate a
+    (premise, hypothesis) pair truncated to `max_length`: `input_ids`, `token_type_ids` and `attention_mask` hold a
+    token list per candidate of each group."""
+    sizes = [len(premises) for premises in groups["premise"]]
+    encoded = encode_glue_examples({"premise": [p for premises in groups["premise"] for p in premises],
+                                    "hypothesis": [h for hypotheses in groups["hypothesis"] for h in hypotheses]},
+                                   tokenizer, max_length)
+    starts = [0, *itertools.accumulate(sizes)]
+    columns = {key: [values[start:end] for start, end in itertools.pairwise(starts)]
+               for key, values in encoded.items()}
+    if "labels" in groups:
+        columns["labels"] = groups["labels"]
+    return columns
+
+
+__all__ = ["GLUE_ALIASES", "GLUE_LAYOUTS", "GlueLayout", "encode_glue_examples", "encode_ranking_groups",
+           "glue_examples", "glue_header", "glue_layout", "glue_shape", "glue_task", "glue_task_spec",
+           "ranking_groups", "read_glue_tsv"]

@@ -281,10 +281,14 @@ COMMAND_CASES = {
     "streamed mtdnn train from shards of two formats": (lambda tmp, folder: streamed_train(
         tmp, folder, (sst_shards(tmp), written(tmp / "sst" / "more.tsv", "sentence\tlabel\na man\t1\n"))[0]), 1,
         "mixes formats (.jsonl, .tsv): give one task's shards in one format"),
-    "streamed mtdnn train of a ranking task from GLUE TSV rows": (lambda tmp, folder: token_task_run(
+    "streamed mtdnn train of a ranking task from single sentences": (lambda tmp, folder: token_task_run(
+        tmp, "qnnli", "qnli.tsv", "sentence\tlabel\nwho ?\t1\nwho ?\t0\n", "--layout", "qnnli=sst", "--streaming",
+        "--max-steps", "2"), 1, "ranking task qnnli reads GLUE TSV rows as the original's QNLI ranking does (pairs of "
+        "candidates with entailment labels, group size 2); the layout sst does not fit"),
+    "streamed mtdnn train of a ranking task from rows that form no group": (lambda tmp, folder: token_task_run(
         tmp, "qnnli", "qnli.tsv", "question\tsentence\tlabel\nwho ?\tjohn\tentailment\nwho ?\tparis\t"
-        "not_entailment\n", "--streaming", "--max-steps", "2"), 1,
-        "ranking task qnnli pairs consecutive GLUE TSV rows (the original's QNLI ranking), which a stream"),
+        "entailment\n", "--streaming", "--max-steps", "2"), 1,
+        "qnli.tsv has no pair of rows with one question and one positive and one negative candidate"),
     "streamed mtdnn train of a span task from a TSV file": (lambda tmp, folder: token_task_run(
         tmp, "qa", "qa.tsv", "question\tsentence\tlabel\nwho ?\tjohn\t1\n", "--streaming", "--max-steps", "2"), 1,
         "qa.tsv: span task qa reads SQuAD data (.json or .jsonl, also gzipped)"),

@@ -23,7 +23,15 @@ from transformers import PreTrainedTokenizerBase
 from transformers.utils import logging
 
 from ...errors import HfExtError, one_line, quoted
-from ...glue import encode_glue_examples, glue_examples, glue_header, glue_shape, read_glue_tsv
+from ...glue import (
+    encode_glue_examples,
+    encode_ranking_groups,
+    glue_examples,
+    glue_header,
+    glue_shape,
+    ranking_groups,
+    read_glue_tsv,
+)
 from ...text_files import json_lines
 from .configuration_mtdnn import PAIR_FORMATS, SPAN_TASK_TYPES, MTDNNConfig, max_input_length
 from .modeling_mtdnn import IGNORE_INDEX
@@ -497,9 +505,10 @@ ENCODE_BATCH_SIZE = 64  # rows (SQuAD: articles) tokenized at once while streami
 def stream_layout(source: str | Path, config: MTDNNConfig, task: str | int) -> tuple[str, list[str] | None]:
     """How `read_task_stream` reads the training data of `task` at `source` (a file, a folder of shards or a glob, in
     one format; else a Hub dataset id), and its files (None for a Hub dataset): `json`, the original's preprocessed
-    JSON lines; `glue`, GLUE TSV rows; `seqence`, the original's Seqence TSV rows; `conll`, CoNLL sentences;
-    `squad_document`, SQuAD JSON files (`{"data": [...]}`); `squad_rows`, SQuAD rows in the layout of the Hub's
-    `squad` datasets (JSON lines or a Hub dataset). The formats are `load_task_file`'s, by the same suffixes."""
+    JSON lines; `glue`, GLUE TSV rows; `glue_ranking`, GLUE TSV rows of a ranking task, paired file by file (the
+    original's QNLI ranking); `seqence`, the original's Seqence TSV rows; `conll`, CoNLL sentences; `squad_document`,
+    SQuAD JSON files (`{"data": [...]}`); `squad_rows`, SQuAD rows in the layout of the Hub's `squad` datasets (JSON
+    lines or a Hub dataset). The formats are `load_task_file`'s, by the same suffixes."""
     from ...streaming import data_files
 
     spec, _ = _task(config, task)
@@ -530,12 +539,7 @@ def stream_layout(source: str | Path, config: MTDNNConfig, task: str | int) -> t
     if kind == "tsv":
         if labeling:
             return "seqence", files
-        if spec["type"] == "ranking":
-            raise HfExtError(f"{source}: ranking task {spec['name']} pairs consecutive GLUE TSV rows (the original's "
-                             "QNLI ranking), which a stream that splits its rows between processes and batches "
-                             "cannot do: stream its preprocessed JSON lines (prepro_std.py), or train without "
-                             "--streaming")
-        return "glue", files
+        return ("glue_ranking" if spec["type"] == "ranking" else "glue"), files
     return kind, files
 
 
@@ -569,8 +573,10 @@ def read_task_stream(source: str | Path, config: MTDNNConfig, task: str | int,
       evaluation columns left out). Rows are truncated to `max_length` tokens, as the map-style readers do.
 
     A malformed TSV line (fields missing or extra) fails as the reader's own errors do (`hf_ext.streaming`'s
-    `StreamReadError` while training; `stream_corpus_error` names the line). Ranking tasks stream their JSON lines:
-    the original's QNLI ranking pairs consecutive TSV rows, which a stream split between processes cannot."""
+    `StreamReadError` while training; `stream_corpus_error` names the line). A ranking task's GLUE TSV rows are
+    paired file by file as `load_glue_tsv` pairs them (`hf_ext.glue.ranking_groups`: the original's QNLI ranking,
+    rows 2i and 2i+1 of a file, the order of each pair shuffled by a generator seeded per file), a row per group:
+    processes split the stream by groups, never inside one."""
     spec, index = _task(config, task)
     name = spec["name"]
     what = f"{name} training data"
@@ -578,11 +584,15 @@ def read_task_stream(source: str | Path, config: MTDNNConfig, task: str | int,
     if kind == "json":
         return _json_task_stream(source, config, spec, index)
     if tokenizer is None:
-        text = {"glue": "TSV", "seqence": "tagged text", "conll": "tagged text"}.get(kind, "SQuAD")
+        text = {"glue": "TSV", "glue_ranking": "TSV", "seqence": "tagged text", "conll": "tagged text"}.get(
+            kind, "SQuAD")
         raise HfExtError(f"{source}: {text} data needs a tokenizer")
     if kind == "glue":
         assert files is not None  # a Hub id reads as preprocessed rows
         rows, columns, encode = _glue_stream(files, spec, tokenizer, max_length, layout, what)
+    elif kind == "glue_ranking":
+        assert files is not None
+        rows, columns, encode = _ranking_stream(files, spec, tokenizer, max_length, layout, what)
     elif kind in ("seqence", "conll"):
         assert files is not None
         rows, columns, encode = _tagged_stream(kind, files, spec, tokenizer, max_length, what)
@@ -635,7 +645,9 @@ def _complete_rows(batch: dict[str, list[Any]], what: str) -> None:
         raise MalformedRowError(f"{what}: a TSV line with fewer tab-separated fields than the header")
 
 
-def _glue_stream(files, spec, tokenizer, max_length, layout, what):
+def _glue_header(files, spec, layout):
+    """The GLUE layout of a task's TSV shards, their column names and whether each starts with them (the first
+    shard's first line tells)."""
     shape = glue_shape(spec, layout)
     with open(files[0], encoding="utf-8-sig", errors="replace") as text:
         first = text.readline().rstrip("\r\n").split("\t")
@@ -643,14 +655,51 @@ def _glue_stream(files, spec, tokenizer, max_length, layout, what):
     if shape.label not in header:
         raise HfExtError(f"{files[0]}: training data needs labels; this GLUE {layout or spec['name']} file has no "
                          f"{shape.label!r} column (a test file?)")
+    return shape, header, has_header
+
+
+def _glue_examples(batch, spec, shape, what):
+    """`glue_examples` of a batch of streamed TSV rows, errors naming a row by its premise."""
+    _complete_rows(batch, what)
+    return glue_examples(batch, spec, shape, lambda i: f"{what}, the row whose {shape.premise} is "
+                         f"{quoted(batch[shape.premise][i])}")
+
+
+def _glue_stream(files, spec, tokenizer, max_length, layout, what):
+    shape, header, has_header = _glue_header(files, spec, layout)
 
     def encode(batch):
-        _complete_rows(batch, what)
-        examples = glue_examples(batch, spec, shape, lambda i: f"{what}, the row whose {shape.premise} is "
-                                 f"{quoted(batch[shape.premise][i])}")
+        examples = _glue_examples(batch, spec, shape, what)
         return encode_glue_examples(examples, tokenizer, max_length) if examples["premise"] else None
 
     return _tsv_rows(files, header, has_header), header, encode
+
+
+def _ranking_stream(files, spec, tokenizer, max_length, layout, what):
+    """A ranking task's GLUE TSV shards as a stream of groups: a generator per shard (`gen_kwargs`' list of files is
+    what `datasets` shards) reads the file's rows with the other GLUE streams' `csv` reading and pairs them with
+    `ranking_groups`, as `load_glue_tsv` pairs a file's rows. A resumed stream reads its shard again from the start
+    up to the group it stopped at: the pairing and its seeded shuffle are the same every time."""
+    from datasets import Features, IterableDataset, Sequence, Value
+
+    shape, header, has_header = _glue_header(files, spec, layout)
+    assert shape.labels is not None  # a ranking task's layout has labels (`glue_shape`)
+    positive = len(shape.labels) - 1
+
+    def file_rows(file):
+        for batch in _tsv_rows([file], header, has_header).iter(batch_size=ENCODE_BATCH_SIZE):
+            examples = _glue_examples(batch, spec, shape, what)
+            yield from zip(examples["premise"], examples["hypothesis"], examples["labels"], strict=True)
+
+    def groups(files):
+        for file in files:
+            yield from ranking_groups(file_rows(file), positive, True, f"{what} {file}")
+
+    columns = ("premise", "hypothesis", "labels")
+    rows = IterableDataset.from_generator(groups, gen_kwargs={"files": files}, features=Features(
+        {"premise": Sequence(Value("string")), "hypothesis": Sequence(Value("string")), "labels": Value("int64")}))
+
+    return rows, columns, partial(encode_ranking_groups, tokenizer=tokenizer, max_length=max_length)
 
 
 def _tagged_stream(kind, files, spec, tokenizer, max_length, what):
@@ -723,7 +772,7 @@ def stream_corpus_error(train_files: Iterable[tuple[str, str | Path]], config: M
     from ...streaming import damaged_line
 
     layouts = {"json": "json_lines", "squad_rows": "json_lines", "squad_document": "json_document", "glue": "tsv",
-               "seqence": "tsv", "conll": "text"}
+               "glue_ranking": "tsv", "seqence": "tsv", "conll": "text"}
     sources = [(layouts[kind], files) for kind, files in
                (stream_layout(path, config, task) for task, path in train_files) if files]
     for layout, files in sources:
