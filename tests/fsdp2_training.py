@@ -10,7 +10,8 @@ state) as on GPUs, in float32 (the config's bf16 is a GPU setting).
 In a script: `trainer_settings(mode)` gives the `TrainingArguments` fields of the mode, `write_run(out, model,
 log_history)` writes what each rank saw to OUT/rank<N>.json and the trained weights, gathered whole, to
 OUT/weights.safetensors (rank 0). In a test: `fsdp2_and_ddp_runs(script, *args, out=...)` runs the script in both
-modes and checks that FSDP2 trained exactly as DDP did."""
+modes and checks that FSDP2 trained exactly as DDP did; `fsdp2_and_ddp_command_runs(argv, out=...)` does the same
+for an `hf-ext` training command (tests/fsdp2_command.py) and the output folder it writes."""
 
 import json
 from pathlib import Path
@@ -107,3 +108,48 @@ def fsdp2_and_ddp_runs(script: str, *args: Any, out: Path) -> tuple[dict[str, di
     for name, weight in weights["fsdp2"].items():
         torch.testing.assert_close(weight, weights["ddp"][name], atol=TOLERANCE, rtol=TOLERANCE, msg=name)
     return runs, weights
+
+
+def fsdp2_and_ddp_command_runs(argv: list, out: Path, model_class: Any = None) -> dict[str, dict]:
+    """Run `hf-ext --quiet ARGV --output-dir OUT/<mode>/model` (a training command) under torchrun in both modes
+    (tests/fsdp2_command.py) and check what it wrote: both processes exit 0, the main one alone prints the summary
+    line and writes the folder, once (nothing else beside it), from a model that FSDP2 sharded (DDP not at all); the
+    folder loads (`model_class.from_pretrained`, by default `AutoModel`'s) with no weight missing, unexpected or
+    mismatched, every saved weight has the loaded model's shape (whole, not a shard), and FSDP2's equal DDP's within
+    `TOLERANCE`. Returns each mode's summary line, with the folder's weights under "weights"."""
+    from conftest import run_torchrun
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+
+    summaries = {}
+    for mode in MODES:
+        results = out / mode
+        results.mkdir(parents=True)
+        folder = results / "model"
+        ranks, run = run_torchrun("fsdp2_command.py", mode, "--quiet", *argv, "--output-dir", folder, results)
+        assert [rank["exit_code"] for rank in ranks] == [0, 0], run.stderr[-3000:]
+        assert ranks[0] == ranks[1] and ranks[0]["world_size"] == 2
+        trainer = ranks[0]
+        if mode == "fsdp2":
+            # FSDP2 keeps the root unit's parameters whole after a forward pass (the evaluation's, say): those of
+            # every other unit are sharded when the command saves
+            in_units = [name for name in trainer["parameters"]
+                        if any(name.startswith(f"{unit}.") for unit in trainer["units"] if unit)]
+            assert trainer["fsdp"] and in_units and set(in_units) <= set(trainer["sharded"])
+        else:
+            assert not trainer["fsdp"] and trainer["units"] == trainer["sharded"] == []
+        [summary] = [json.loads(line) for line in run.stdout.splitlines()]
+        assert summary["output_dir"] == str(folder)
+        assert sorted(path.name for path in results.iterdir()) == ["model", "rank0.json", "rank1.json"]
+        model, info = (model_class or AutoModel).from_pretrained(folder, output_loading_info=True)
+        assert not any(info.values()), info  # no weight missing, unexpected or mismatched, no error
+        expected = model.state_dict()
+        summary["weights"] = load_file(folder / "model.safetensors")
+        for name, weight in summary["weights"].items():
+            assert weight.shape == expected[name].shape, name
+        summaries[mode] = summary
+    fsdp2, ddp = summaries["fsdp2"]["weights"], summaries["ddp"]["weights"]
+    assert fsdp2.keys() == ddp.keys()
+    for name, weight in fsdp2.items():
+        torch.testing.assert_close(weight, ddp[name], atol=TOLERANCE, rtol=TOLERANCE, msg=name)
+    return summaries

@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 from conftest import PROCESS_TIMEOUT, REPO_ROOT, cli_run, torchrun_cli
-from fsdp2_training import TOLERANCE, fsdp2_and_ddp_runs
+from fsdp2_training import TOLERANCE, fsdp2_and_ddp_command_runs, fsdp2_and_ddp_runs
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from streaming_corpus import CORPUS
@@ -697,6 +697,23 @@ def test_finetune_under_torchrun_writes_its_output_once_from_the_main_process(tm
     encoder = load_file(ernie_folder / "model.safetensors")
     trained = classifier.state_dict()
     assert any(not torch.equal(trained[name], weight) for name, weight in encoder.items() if name in trained)
+
+
+@pytest.mark.slow
+def test_finetune_under_fsdp2_saves_the_whole_trained_classifier_as_ddp_does(tmp_path, ernie_folder):
+    """`hf-ext ernie2 finetune` under 2 processes over gloo, sharded by accelerate's FSDP2 plan
+    (tests/fsdp2_command.py): both processes exit 0, the main one writes the folder once, the classifier's weights
+    whole (gathered from the shards by every process) and equal to the same command's under DDP, as are the
+    evaluation's metrics."""
+    runs = fsdp2_and_ddp_command_runs(["ernie2", "finetune", ernie_folder, "--task", "MRPC", "--train-file",
+                                       GLUE / "MRPC" / "train.tsv", "--eval-file", GLUE / "MRPC" / "dev.tsv",
+                                       "--max-steps", "3", "--task-id", "4", "--device", "cpu"], out=tmp_path,
+                                      model_class=ErnieForSequenceClassification)
+    fsdp2, ddp = runs["fsdp2"], runs["ddp"]
+    assert fsdp2["eval_loss"] == pytest.approx(ddp["eval_loss"], rel=TOLERANCE)
+    encoder = load_file(ernie_folder / "model.safetensors")
+    name = "ernie.encoder.layer.0.output.dense.weight"
+    assert name in encoder and not torch.equal(fsdp2["weights"][name], encoder[name])
 
 
 def test_finetune_feeds_the_task_id_and_reports_glue_metrics(tmp_path, ernie_folder):

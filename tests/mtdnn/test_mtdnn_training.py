@@ -15,7 +15,7 @@ import scipy.stats
 import sklearn.metrics
 import torch
 from conftest import PROCESS_TIMEOUT, REPO_ROOT, run_torchrun, torchrun_cli
-from fsdp2_training import fsdp2_and_ddp_runs
+from fsdp2_training import TOLERANCE, fsdp2_and_ddp_command_runs, fsdp2_and_ddp_runs
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from torch.nn import functional as F
@@ -681,6 +681,25 @@ def test_fsdp2_training_through_accelerate_matches_ddp(tmp_path):
     assert len(fsdp2["losses"]) == 8 and set(fsdp2["tasks"]) == set(TASKS)
     mnli = [loss for loss, task in zip(fsdp2["losses"], fsdp2["tasks"], strict=True) if task == "mnli"]
     assert len(mnli) > 1 and mnli[-1] < mnli[0]
+
+
+@pytest.mark.slow
+def test_cli_under_fsdp2_saves_the_whole_trained_model_as_ddp_does(saved_mtdnn, tmp_path):
+    """`hf-ext mtdnn train` under 2 processes over gloo, sharded by accelerate's FSDP2 plan (tests/fsdp2_command.py):
+    both processes exit 0, the main one writes the folder once, its weights whole (gathered from the shards by every
+    process) and equal to the same command's under DDP, as is the evaluation after training (a collective)."""
+    data = f"{FIXTURE}/data"
+    runs = fsdp2_and_ddp_command_runs(["mtdnn", "train", saved_mtdnn, "--train", f"mnli={data}/mnli_dev.json",
+                                       "--train", f"stsb={data}/stsb_dev.json", "--eval", f"mnli={data}/mnli_dev.json",
+                                       "--max-steps", "4", "--batch-size", "2", "--eval-batch-size", "1",
+                                       "--learning-rate", "1e-2", "--device", "cpu"], out=tmp_path)
+    fsdp2, ddp = runs["fsdp2"], runs["ddp"]
+    assert fsdp2["steps"] == ddp["steps"] == 4
+    assert fsdp2["eval"]["eval_mnli_loss"] == pytest.approx(ddp["eval"]["eval_mnli_loss"], rel=TOLERANCE)
+    untrained = load_file(saved_mtdnn / "model.safetensors")
+    assert fsdp2["weights"].keys() == untrained.keys()
+    assert not torch.equal(fsdp2["weights"]["bert.encoder.layer.0.output.dense.weight"],
+                           untrained["bert.encoder.layer.0.output.dense.weight"])
 
 
 @pytest.mark.slow

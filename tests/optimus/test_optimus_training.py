@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import PROCESS_TIMEOUT, REPO_ROOT, cli_exit_code, run_torchrun, torchrun_cli
-from fsdp2_training import fsdp2_and_ddp_runs
+from fsdp2_training import fsdp2_and_ddp_command_runs, fsdp2_and_ddp_runs
 from huggingface_hub import ModelCard
 from interrupted_runs import StopAtStep
 from safetensors.torch import load_file
@@ -574,6 +574,24 @@ def test_streamed_text_shards_train_and_resume_mid_stream_as_an_uninterrupted_ru
     assert resumed_seen == expected_seen[2:][:len(resumed_seen)] and len(resumed_seen) >= 4
     state = resumed.state_dict()
     assert all(torch.equal(tensor, state[name]) for name, tensor in expected.state_dict().items())
+
+
+@pytest.mark.slow
+def test_cli_train_under_fsdp2_saves_the_whole_trained_model_as_ddp_does(model_dir, tmp_path):
+    """`hf-ext optimus train` (all weights, no LoRA) under 2 processes over gloo, sharded by accelerate's FSDP2 plan
+    (tests/fsdp2_command.py): both processes exit 0, the main one writes the folder once, its weights whole (gathered
+    from the shards by every process; the softmax saved tied to the decoder's embeddings) and equal to the same
+    command's under DDP."""
+    runs = fsdp2_and_ddp_command_runs(["optimus", "train", model_dir, "--train-file", SNLI / "train.txt",
+                                       "--max-steps", "3", "--batch-size", "4", "--max-length", MAX_LENGTH,
+                                       "--learning-rate", "3e-3", "--device", "cpu"], out=tmp_path)
+    fsdp2, ddp = runs["fsdp2"], runs["ddp"]
+    assert fsdp2["steps"] == ddp["steps"] == 3
+    start = load_file(model_dir / "model.safetensors")
+    assert fsdp2["weights"].keys() == start.keys()
+    assert not torch.equal(fsdp2["weights"]["to_latent.weight"], start["to_latent.weight"])
+    trained = AutoModel.from_pretrained(tmp_path / "fsdp2" / "model")
+    assert trained.get_output_embeddings().weight is trained.get_input_embeddings().weight
 
 
 @pytest.mark.slow

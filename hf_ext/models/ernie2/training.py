@@ -356,7 +356,7 @@ def finetune_glue(model_name_or_path: str | Path, task: str, train_file: str | P
     when given. `model_kwargs` go to the model's `from_pretrained` (`revision`, `dtype`, ...); `args` choose the
     device and mixed precision (`use_cpu`, `bf16`, `fp16`).
     """
-    from transformers import AutoConfig, AutoTokenizer, ErnieForSequenceClassification
+    from transformers import AutoConfig, AutoTokenizer, ErnieForSequenceClassification, set_seed
 
     key = glue_task(task)
     layout = GLUE_LAYOUTS[key]
@@ -379,6 +379,9 @@ def finetune_glue(model_name_or_path: str | Path, task: str, train_file: str | P
     labels: dict[str, Any] = {"num_labels": layout.num_labels}
     if layout.labels:
         labels.update(id2label=dict(enumerate(layout.labels)), label2id={n: i for i, n in enumerate(layout.labels)})
+    # the classification head starts from random weights: drawn after seeding, as `Trainer` seeds before a
+    # `model_init`, so that `args.seed` decides them, not what ran before in the process (which the launch changes)
+    set_seed(args.seed)
     model = ErnieForSequenceClassification.from_pretrained(
         model_name_or_path, problem_type="regression" if layout.num_labels == 1 else "single_label_classification",
         **labels, **(model_kwargs or {}))
