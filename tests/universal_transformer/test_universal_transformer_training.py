@@ -8,7 +8,7 @@ import evaluate
 import numpy as np
 import pytest
 import torch
-from conftest import cli_exit_code, run_torchrun
+from conftest import cli_exit_code, run_torchrun, torchrun_cli
 from fsdp2_training import fsdp2_and_ddp_runs
 from peft import PeftModel
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq
@@ -440,6 +440,27 @@ def test_cli_train_algorithmic_saves_a_model_that_reproduces_its_results(cli_mod
     # the longer test set is the one run_algorithmic draws: lengths 7-9, seed + 2
     longer = algorithmic_dataset("addition", 8, 7, 9, seed=6)
     assert evaluate_algorithmic(model, longer) == results["longer_lengths"]
+
+
+@pytest.mark.slow
+def test_cli_under_torchrun_writes_its_output_once_from_the_main_process(tmp_path):
+    """`hf-ext universal-transformer train-algorithmic` under `torchrun --nproc-per-node 2`: both processes end with
+    exit code 0 and only the main one writes the output folder, once, with one summary line; the folder holds the
+    trained model (its weights moved from the seed's start) that reproduces the recorded accuracies."""
+    out = tmp_path / "out"
+    code, stdout, err = torchrun_cli(["universal-transformer", "train-algorithmic", "--task", "addition",
+                                      "--output-dir", out, "--train-length", "6", "--test-length", "9", "--seed", "4",
+                                      "--device", "cpu", *TINY_CLI], timeout=600)
+    assert code == 0, err[-3000:]
+    [summary] = [json.loads(line) for line in stdout.splitlines()]
+    assert summary["output_dir"] == str(out) and summary["architecture"] == "universal-transformer"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]  # no other process's staging folder
+    model = AutoModelForSeq2SeqLM.from_pretrained(out)
+    assert json.loads((out / "results.json").read_text())["longer_lengths"] == summary["longer_lengths"] == \
+        evaluate_algorithmic(model, algorithmic_dataset("addition", 8, 7, 9, seed=6))
+    torch.manual_seed(4)
+    untrained = UniversalTransformerForSeq2SeqLM(model.config).state_dict()
+    assert any(not torch.equal(weight, untrained[name]) for name, weight in model.state_dict().items())
 
 
 def test_cli_halting_map(cli_model, tmp_path, capsys):

@@ -86,9 +86,9 @@ def _train_algorithmic(args):
     import torch
 
     from ...hub import Evaluation, write_training_card
-    from ...output import atomic_output_dir, check_output_dir
-    from ...registration import add_custom_pipelines
-    from . import ENTRY, UniversalTransformerForSeq2SeqLM
+    from ...output import check_output_dir
+    from ...trainer import training_run_output
+    from . import UniversalTransformerForSeq2SeqLM
     from .training import algorithmic_config, algorithmic_tokenizer, run_algorithmic, vanilla_transformer
 
     require(args.task != "addition" or args.train_length >= 3, "addition needs --train-length of at least 3")
@@ -104,23 +104,23 @@ def _train_algorithmic(args):
         model = vanilla_transformer(config)
     else:
         model = UniversalTransformerForSeq2SeqLM(config)
-    with atomic_output_dir(args.output_dir, args.overwrite) as staging:
-        run = run_algorithmic(args.task, model, args.architecture, train_length=args.train_length,
-                              test_length=args.test_length, num_train=args.num_train, num_test=args.num_test,
-                              max_steps=args.max_steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
-                              seed=args.seed, logging_steps=args.logging_steps, log_to_stderr=True,
-                              **run_reporting_settings(args), **device_settings)
-        results = {"task": args.task, "architecture": args.architecture, "parameters": run.parameters,
-                   "train_length": args.train_length, "test_length": args.test_length,
-                   "max_steps": args.max_steps, "train_loss": run.train_loss,
-                   "train_seconds": round(run.train_seconds, 1), "train_lengths": run.train_lengths,
-                   "longer_lengths": run.longer_lengths}
-        # the UT's folder runs the text-to-text pipeline (the Transformer baseline's class fits none)
-        add_custom_pipelines(staging, model.config, ENTRY.pipelines, type(model))
-        model.save_pretrained(staging)
-        algorithmic_tokenizer().save_pretrained(staging)
+    run = run_algorithmic(args.task, model, args.architecture, train_length=args.train_length,
+                          test_length=args.test_length, num_train=args.num_train, num_test=args.num_test,
+                          max_steps=args.max_steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
+                          seed=args.seed, logging_steps=args.logging_steps, log_to_stderr=True,
+                          **run_reporting_settings(args), **device_settings)
+    results = {"task": args.task, "architecture": args.architecture, "parameters": run.parameters,
+               "train_length": args.train_length, "test_length": args.test_length,
+               "max_steps": args.max_steps, "train_loss": run.train_loss,
+               "train_seconds": round(run.train_seconds, 1), "train_lengths": run.train_lengths,
+               "longer_lengths": run.longer_lengths}
+    # under torchrun, every process gathers the weights and the main one alone writes (the UT's folder gets the
+    # text-to-text pipeline there; the Transformer baseline's class fits none)
+    with training_run_output(args.output_dir, run.trainer, algorithmic_tokenizer(), model=model,
+                             overwrite=args.overwrite) as staging:
+        if staging is None:  # another process of a distributed run: the main one writes the output
+            return
         (staging / "results.json").write_text(json.dumps(results, indent=1))
-        (staging / "log_history.json").write_text(json.dumps(run.log_history, indent=1))
         write_training_card(staging, args.output_dir, args,
                             "hf-ext universal-transformer train-algorithmic", None, run.log_history,
                             [Evaluation("text2text-generation", f"{args.task}, {args.num_test} generated examples "

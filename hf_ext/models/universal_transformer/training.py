@@ -363,6 +363,7 @@ class AlgorithmicRun:
     teacher_forced_train_lengths: dict
     teacher_forced_longer_lengths: dict
     log_history: list
+    trainer: "UniversalTransformerTrainer"  # what trained it: a command saves through it (`training_run_output`)
 
 
 def run_algorithmic(task: str, model: "PreTrainedModel | PeftModel", name: str, train_length: int = 20,
@@ -399,7 +400,7 @@ def run_algorithmic(task: str, model: "PreTrainedModel | PeftModel", name: str, 
         longer_lengths=evaluate_algorithmic(model, longer, eval_batch_size),
         teacher_forced_train_lengths=teacher_forced_accuracy(model, same, eval_batch_size),
         teacher_forced_longer_lengths=teacher_forced_accuracy(model, longer, eval_batch_size),
-        log_history=trainer.state.log_history)
+        log_history=trainer.state.log_history, trainer=trainer)
 
 
 __all__ = ["AlgorithmicRun", "PositionOffsetCollator", "SYMBOLS", "TASKS", "UniversalTransformerTrainer",
