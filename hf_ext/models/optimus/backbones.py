@@ -189,15 +189,23 @@ REBUILD_SETTINGS = ("latent_size", "latent_as_gpt_memory", "latent_as_gpt_emb", 
                     "dim_target_kl", "length_weighted_loss")
 
 
+def _card_settings(config: OptimusConfig) -> dict[str, Any]:
+    """What the Optimus card says of a model built from backbones, in its folder form and its adapter form alike."""
+    from ... import __version__
+    from .conversion import _injection_text
+
+    return {"hf_ext_version": __version__, "latent_size": config.latent_size, "injection": _injection_text(config),
+            "encoder_name": config.encoder.model_type, "decoder_name": config.decoder.model_type,
+            "beta": config.beta, "dim_target_kl": config.dim_target_kl}
+
+
 def save_backbones_adapter(model: "PeftModel", folder: str | Path, encoder: str, decoder: str) -> None:
     """Save what a LoRA run on an Optimus built by `optimus_from_backbones` trained (PEFT's adapter: the LoRA
     weights, the latent projections, the added tokens' embeddings) with the settings and the two backbones' names,
     so that `optimus_from_backbones_and_adapter` rebuilds the trained model from the public backbones: a few
     megabytes instead of the whole model."""
-    from ... import __version__
     from ...hub import card_data, write_model_card
     from . import ENTRY
-    from .conversion import _injection_text
 
     folder = Path(folder)
     model.save_pretrained(str(folder))
@@ -214,9 +222,7 @@ def save_backbones_adapter(model: "PeftModel", folder: str | Path, encoder: str,
     write_model_card(
         folder, ENTRY.card_template,
         card_data(tags=["optimus", "vae", "lora", "peft"], base_model=hub_ids or None),
-        model_name=folder.name, repo_id=str(folder), hf_ext_version=__version__, latent_size=config.latent_size,
-        injection=_injection_text(config), encoder_name=config.encoder.model_type,
-        decoder_name=config.decoder.model_type, beta=config.beta, dim_target_kl=config.dim_target_kl,
+        model_name=folder.name, repo_id=str(folder), **_card_settings(config),
         adapter={"encoder": encoder, "decoder": decoder, "rank": lora.r,
                  "targets": [targets] if isinstance(targets := lora.target_modules, str) else sorted(targets or []),
                  "latent_modules": LATENT_MODULES, "added_token_ids": added, "pooling": config.encoder_pooling,
@@ -252,10 +258,8 @@ def write_backbones_card(folder: str | Path, out: str | Path, model: OptimusMode
     model card of Optimus folders, saying which backbones it was built from (Hub ids, or local folders by their
     names) and that its latent parts are untrained, or, built with the trained `adapter`
     (`optimus_from_backbones_and_adapter`), that they come from it."""
-    from ... import __version__
     from ...hub import card_data, model_name, write_model_card
     from . import ENTRY
-    from .conversion import _injection_text
 
     config = model.config
     decoder_tokenizer = processor.decoder_tokenizer
@@ -264,12 +268,10 @@ def write_backbones_card(folder: str | Path, out: str | Path, model: OptimusMode
         folder, ENTRY.card_template,
         card_data(tags=["optimus", "vae", "text-generation"], pipeline_tag="text-generation",
                   base_model=hub_ids or None),
-        model_name=Path(out).name, repo_id=Path(out).name, latent_size=config.latent_size,
-        injection=_injection_text(config), hf_ext_version=__version__, encoder_name=config.encoder.model_type,
-        decoder_name=config.decoder.model_type, encoder_layers=config.encoder.num_hidden_layers,
-        encoder_hidden=config.encoder.hidden_size, decoder_layers=config.decoder.num_hidden_layers,
-        decoder_hidden=config.decoder.hidden_size, decoder_vocab=config.decoder.vocab_size, beta=config.beta,
-        dim_target_kl=config.dim_target_kl,
+        model_name=Path(out).name, repo_id=Path(out).name, **_card_settings(config),
+        encoder_layers=config.encoder.num_hidden_layers, encoder_hidden=config.encoder.hidden_size,
+        decoder_layers=config.decoder.num_hidden_layers, decoder_hidden=config.decoder.hidden_size,
+        decoder_vocab=config.decoder.vocab_size,
         special_tokens=[getattr(decoder_tokenizer, name) for name in ("pad_token", "bos_token", "eos_token")],
         backbones={"encoder": model_name(encoder), "decoder": model_name(decoder), "pooling": config.encoder_pooling,
                    "adapter": model_name(adapter) if adapter else None,

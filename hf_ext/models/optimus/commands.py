@@ -171,18 +171,17 @@ def _init(args):
     from . import ENTRY
     from .backbones import optimus_from_backbones, optimus_from_backbones_and_adapter, write_backbones_card
 
-    fixed = ("latent_size", "latent_as_gpt_memory", "latent_as_gpt_emb", "encoder_pooling")
-    given = [f"--{name.replace('_', '-')}" for name in fixed if getattr(args, name) is not None]
-    require(args.adapter is None or not given, f"{', '.join(given)} with --adapter: the adapter's model fixes the "
-            "latent size, injection and pooling it was trained with")
+    # the settings given (the others keep optimus_from_backbones' defaults); 0/1 flags as booleans
+    given = {name: bool(value) if name.startswith("latent_as_") else value
+             for name in ("latent_size", "latent_as_gpt_memory", "latent_as_gpt_emb", "encoder_pooling")
+             if (value := getattr(args, name)) is not None}
+    require(args.adapter is None or not given, f"{', '.join('--' + name.replace('_', '-') for name in given)} with "
+            "--adapter: the adapter's model fixes the latent size, injection and pooling it was trained with")
     check_output_dir(args.out, args.overwrite)
     if args.adapter is not None:
         model, processor = optimus_from_backbones_and_adapter(args.adapter, args.encoder, args.decoder)
     else:
-        model, processor = optimus_from_backbones(
-            args.encoder, args.decoder, latent_size=args.latent_size or 32,
-            latent_as_gpt_memory=args.latent_as_gpt_memory != 0, latent_as_gpt_emb=args.latent_as_gpt_emb != 0,
-            encoder_pooling=args.encoder_pooling, seed=args.seed)
+        model, processor = optimus_from_backbones(args.encoder, args.decoder, seed=args.seed, **given)
     with atomic_output_dir(args.out, args.overwrite) as staging:
         add_custom_pipelines(staging, model.config, ENTRY.pipelines, type(model))
         model.save_pretrained(staging)
